@@ -1,0 +1,180 @@
+// Per-row encode and decode of a slot's checkpoint(s) in every mode of SPEC section 5. A row is
+// one (head, headdim) pair: N = dstate values. Written once for the CPU backend and the CUDA
+// kernels so both produce the same codes from the same fp32 values.
+#pragma once
+
+#include <cstdint>
+
+#include "core/formats.h"
+#include "core/hd.h"
+#include "core/philox.h"
+#include "replayssm/types.h"
+
+namespace replayssm {
+
+// Pointers into one slot's checkpoint sections (see cache/layout.h); unused ones are null.
+struct SlotCheckpoint {
+  void* rec;                  // [H*P, N] carrier codes
+  float* rec_scale;           // [H*P]    shared 8-bit modes
+  uint8_t* read;              // [H*P, N] e4m3 | [H*P, N/2] packed e2m1
+  uint8_t* read_block_scale;  // [H*P, N/16] e4m3
+  float* read_scale;          // [H*P]
+};
+
+// Where the random bits of a stochastic-rounding encode come from (SPEC section 6):
+// key = (seed_lo, seed_hi ^ layer), counter = (element / 4, flush_index, request_lo, request_hi),
+// and element e uses output word e % 4.
+struct SrContext {
+  U32x2 key;
+  uint64_t request_id;
+  uint32_t flush_index;
+  int bits;
+  int rounds;
+};
+
+RSSM_HD U32x2 philox_key(uint64_t seed, int layer) {
+  return U32x2{{uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(layer)}};
+}
+
+RSSM_HD U32x4 sr_counter(const SrContext& sr, uint64_t element) {
+  return U32x4{{uint32_t(element >> 2), sr.flush_index, uint32_t(sr.request_id),
+                uint32_t(sr.request_id >> 32)}};
+}
+
+// Fp16 stochastic rounding of values[0..n) whose element indices start at `first_element`
+// (a multiple of 4). Returns the number of saturated elements.
+RSSM_HD int encode_f16_sr_row(const float* values /*[n]*/, int n, uint64_t first_element,
+                              const SrContext& sr, uint16_t* out /*[n]*/) {
+  int saturated = 0;
+  for (int i = 0; i < n; i += 4) {
+    const U32x4 random = philox4x32(sr_counter(sr, first_element + i), sr.key, sr.rounds);
+    for (int k = 0; k < 4 && i + k < n; ++k) {
+      bool sat = false;
+      out[i + k] = f32_to_f16_sr(values[i + k], random.v[k], sr.bits, &sat);
+      saturated += sat ? 1 : 0;
+    }
+  }
+  return saturated;
+}
+
+// Counts fp16 round-to-nearest results that overflowed to Inf, and clamps them to +-65504
+// (a checkpoint never holds Inf; the flush reports the count).
+RSSM_HD int encode_f16_rn_row(const float* values, int n, uint16_t* out) {
+  int saturated = 0;
+  for (int i = 0; i < n; ++i) {
+    uint16_t h = f32_to_f16(values[i]);
+    if ((h & 0x7fffu) == 0x7c00u) {
+      h = uint16_t((h & 0x8000u) | 0x7bffu);
+      ++saturated;
+    }
+    out[i] = h;
+  }
+  return saturated;
+}
+
+// Writes row `row` of every checkpoint of the mode from the fp32 values. Returns the number of
+// saturated elements. N must be a multiple of 16 for nvfp4 and of 4 in general.
+RSSM_HD int encode_checkpoint_row(Mode mode, const SlotCheckpoint& ck, int row, int n,
+                                  const float* values /*[N]*/, const SrContext& sr) {
+  const uint64_t first = uint64_t(row) * n;
+  switch (mode) {
+    case Mode::fp32: {
+      float* dst = static_cast<float*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) dst[i] = values[i];
+      return 0;
+    }
+    case Mode::bf16: {
+      uint16_t* dst = static_cast<uint16_t*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) dst[i] = f32_to_bf16(values[i]);
+      return 0;
+    }
+    case Mode::fp16:
+      return encode_f16_rn_row(values, n, static_cast<uint16_t*>(ck.rec) + first);
+    case Mode::fp16_sr:
+      return encode_f16_sr_row(values, n, first, sr, static_cast<uint16_t*>(ck.rec) + first);
+    case Mode::shared_fp8:
+      ck.rec_scale[row] = encode_row_e4m3(values, n, static_cast<uint8_t*>(ck.rec) + first);
+      return 0;
+    case Mode::shared_int8:
+      ck.rec_scale[row] = encode_row_int8(values, n, static_cast<int8_t*>(ck.rec) + first);
+      return 0;
+    case Mode::separate_fp8:
+      ck.read_scale[row] = encode_row_e4m3(values, n, ck.read + first);
+      return encode_f16_sr_row(values, n, first, sr, static_cast<uint16_t*>(ck.rec) + first);
+    case Mode::separate_nvfp4:
+      ck.read_scale[row] =
+          encode_row_nvfp4(values, n, ck.read + first / 2, ck.read_block_scale + first / 16);
+      return encode_f16_sr_row(values, n, first, sr, static_cast<uint16_t*>(ck.rec) + first);
+  }
+  return 0;
+}
+
+// The fp32 values of row `row` of the recurrence checkpoint (what a flush folds from).
+RSSM_HD void decode_recurrence_row(Mode mode, const SlotCheckpoint& ck, int row, int n,
+                                   float* out /*[N]*/) {
+  const uint64_t first = uint64_t(row) * n;
+  switch (mode) {
+    case Mode::fp32: {
+      const float* src = static_cast<const float*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) out[i] = src[i];
+      return;
+    }
+    case Mode::bf16: {
+      const uint16_t* src = static_cast<const uint16_t*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    case Mode::shared_fp8:
+      decode_row_e4m3(static_cast<const uint8_t*>(ck.rec) + first, ck.rec_scale[row], n, out);
+      return;
+    case Mode::shared_int8:
+      decode_row_int8(static_cast<const int8_t*>(ck.rec) + first, ck.rec_scale[row], n, out);
+      return;
+    default: {  // fp16, fp16-sr and the separate modes' fp16 carrier
+      const uint16_t* src = static_cast<const uint16_t*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) out[i] = f16_to_f32(src[i]);
+      return;
+    }
+  }
+}
+
+// The values the readout multiplies with C, and the fp32 scale applied to the row's dot product
+// afterwards: y_row = scale * sum_n values[n] * C[n]. For the 8- and 4-bit read checkpoints the
+// values are the code values (times the e4m3 block scale for nvfp4), all exact in bf16, so the
+// readout can run as a BF16 product with FP32 accumulation (SPEC 5, readout precision); for the
+// 32- and 16-bit modes they are the decoded state and the scale is 1.
+RSSM_HD float decode_read_row(Mode mode, const SlotCheckpoint& ck, int row, int n,
+                              float* values /*[N]*/) {
+  const uint64_t first = uint64_t(row) * n;
+  switch (mode) {
+    case Mode::shared_fp8: {
+      const uint8_t* codes = static_cast<const uint8_t*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) values[i] = e4m3_to_f32(codes[i]);
+      return ck.rec_scale[row];
+    }
+    case Mode::shared_int8: {
+      const int8_t* codes = static_cast<const int8_t*>(ck.rec) + first;
+      for (int i = 0; i < n; ++i) values[i] = float(codes[i]);
+      return ck.rec_scale[row];
+    }
+    case Mode::separate_fp8: {
+      const uint8_t* codes = ck.read + first;
+      for (int i = 0; i < n; ++i) values[i] = e4m3_to_f32(codes[i]);
+      return ck.read_scale[row];
+    }
+    case Mode::separate_nvfp4: {
+      const uint8_t* packed = ck.read + first / 2;
+      const uint8_t* block_scales = ck.read_block_scale + first / 16;
+      for (int i = 0; i < n; ++i) {
+        const uint8_t code = (i & 1) ? uint8_t(packed[i / 2] >> 4) : uint8_t(packed[i / 2] & 0xf);
+        values[i] = e2m1_to_f32(code) * e4m3_to_f32(block_scales[i / 16]);
+      }
+      return ck.read_scale[row];
+    }
+    default:
+      decode_recurrence_row(mode, ck, row, n, values);
+      return 1.0f;
+  }
+}
+
+}  // namespace replayssm
