@@ -24,7 +24,7 @@ enum class StreamKind : uint8_t {
   mamba2,       // A_log = log U[1,16], dt_bias = softplus^-1(logU[1e-3,1e-1]), x,B,C ~ N(0,1)
   long_memory,  // heads alternate decay per token 1-1e-3 and 1-1e-5 (fixed delta 1e-2)
   tiny,         // decay 1-1e-4 / 1-1e-5, prefill at scale 1, then x ~ N(0, 1e-4): stagnation
-  bursts,       // mamba2, with 4-token bursts of x ~ N(0, 1e5) (about 1 in 256 tokens): saturation
+  bursts,       // mamba2, with 4-token bursts of x ~ N(0, 1e6) (about 1 in 256 tokens): saturation
   mix,          // heads cycle through mamba2, long 1e-3, long 1e-5, tiny
 };
 const char* stream_name(StreamKind kind);
