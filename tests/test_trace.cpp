@@ -134,9 +134,6 @@ TEST(Trace, CheckFailsOnPerturbationNanAndMissingTensors) {
   const Trace trace = generate_trace(small_options());
   const StFile ref = run_trace(trace, {});
   StFile out = ref;
-  auto& y = out.tensors.begin()->second.dtype == StDType::F32 ? out.tensors.begin()->second
-                                                              : out.tensors.at("state.0");
-  (void)y;
   // Perturb one element of one y tensor by more than the tolerance.
   std::string name;
   for (auto& [n, t] : out.tensors)

@@ -5,8 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/backend.h"
-#include "cache/checkpoint_codec.h"
-#include "cache/layout.h"
+#include "io/checkpoint_view.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
 
@@ -37,31 +36,6 @@ struct Activation {
     return TensorView{f32.data(), DType::f32, std::move(shape), MemoryKind::host};
   }
 };
-
-// The read checkpoint of a slot as the readout sees it, decoded to fp32 ([H,P,N]).
-std::vector<float> decoded_read_checkpoint(ReplayCache& cache, int slot) {
-  const SsmShape& shape = cache.shape();
-  const SlotLayout layout = SlotLayout::make(shape, cache.config());
-  SlotImage image = cache.impl().read_slot(slot);
-  check(image.bytes.size() >= layout.total, "slot image of ", image.bytes.size(),
-        " bytes is smaller than the layout's ", layout.total);
-  uint8_t* base = image.bytes.data();
-  auto section = [&](SlotLayout::Section s) -> uint8_t* {
-    return layout.size[s] ? base + layout.offset[s] : nullptr;
-  };
-  SlotCheckpoint ck{section(SlotLayout::rec),
-                    reinterpret_cast<float*>(section(SlotLayout::rec_scale)),
-                    section(SlotLayout::read), section(SlotLayout::read_block_scale),
-                    reinterpret_cast<float*>(section(SlotLayout::read_scale))};
-  const int rows = shape.nheads * shape.headdim, n = shape.dstate;
-  std::vector<float> out(size_t(rows) * n);
-  for (int row = 0; row < rows; ++row) {
-    float* values = out.data() + size_t(row) * n;
-    const float scale = decode_read_row(cache.config().mode, ck, row, n, values);
-    for (int i = 0; i < n; ++i) values[i] *= scale;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -143,7 +117,8 @@ StFile run_trace(const Trace& trace, const RunOptions& options, RunSummary* summ
     if (!cache.is_open(slot)) continue;
     const std::string s = std::to_string(slot);
     out.tensors["state." + s] = make_f32({H, P, N}, cache.state(slot));
-    out.tensors["read." + s] = make_f32({H, P, N}, decoded_read_checkpoint(cache, slot));
+    out.tensors["read." + s] = make_f32(
+        {H, P, N}, decode_read_checkpoint(trace.shape, config, cache.impl().read_slot(slot)));
     const SlotCursors c = cache.cursors(slot);
     const int32_t cursors[3] = {c.committed, c.pending, int32_t(c.flush_index)};
     out.tensors["cursors." + s] = make_i32({3}, cursors);
