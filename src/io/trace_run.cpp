@@ -6,6 +6,7 @@
 
 #include "cache/backend.h"
 #include "io/checkpoint_view.h"
+#include "io/staging.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
 
@@ -66,16 +67,22 @@ StFile run_trace(const Trace& trace, const RunOptions& options, RunSummary* summ
           // A prefill of n tokens is a batch of one slot with T = n.
           const int64_t T = op.window;
           Activation ax, aB, aC;
-          const TensorView x = ax.view(in.x, act, {S, T, H, P});
-          const TensorView B = aB.view(in.B, act, {S, T, G, N});
-          const TensorView C = aC.view(in.C, act, {S, T, G, N});
-          const TensorView dt{
-              const_cast<float*>(in.dt.data()), DType::f32, {S, T, H}, MemoryKind::host};
+          const TensorView hx = ax.view(in.x, act, {S, T, H, P});
+          const TensorView hB = aB.view(in.B, act, {S, T, G, N});
+          const TensorView hC = aC.view(in.C, act, {S, T, G, N});
+          const Staged x(options.backend, hx.data, act, hx.shape);
+          const Staged B(options.backend, hB.data, act, hB.shape);
+          const Staged C(options.backend, hC.data, act, hC.shape);
+          const Staged dt(options.backend, in.dt.data(), DType::f32, {S, T, H});
           std::vector<float> y(size_t(S * T * H * P));
-          const TensorView yv{y.data(), DType::f32, {S, T, H, P}, MemoryKind::host};
-          if (op.kind == OpKind::prefill) cache.prefill(slots_view, x, B, C, dt, yv);
-          if (op.kind == OpKind::decode) cache.decode(slots_view, x, B, C, dt, yv);
-          if (op.kind == OpKind::verify) cache.verify(slots_view, x, B, C, dt, yv);
+          const Staged yv(options.backend, y.data(), DType::f32, {S, T, H, P});
+          if (op.kind == OpKind::prefill)
+            cache.prefill(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          if (op.kind == OpKind::decode)
+            cache.decode(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          if (op.kind == OpKind::verify)
+            cache.verify(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          yv.copy_to_host(y.data());
           std::vector<int64_t> y_shape = op.kind == OpKind::prefill
                                              ? std::vector<int64_t>{T, H, P}
                                              : std::vector<int64_t>{S, T, H, P};
