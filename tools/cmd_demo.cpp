@@ -29,7 +29,7 @@ struct Preset {
 // Shapes of the Mamba layers of public checkpoints (heads = expand * d_model / headdim).
 constexpr Preset kPresets[] = {
     {"tiny", {4, 16, 32, 1}, 2, "smoke test"},
-    {"small", {8, 64, 128, 1}, 4, "default: a slice of a Mamba-2 layer stack"},
+    {"small", {16, 64, 128, 1}, 6, "default: a slice of a Mamba-2 layer stack"},
     {"mamba2-130m", {24, 64, 128, 1}, 24, "Mamba-2 130M"},
     {"mamba2-370m", {32, 64, 128, 1}, 48, "Mamba-2 370M"},
     {"mamba2-2.7b", {80, 64, 128, 1}, 64, "Mamba-2 2.7B"},
