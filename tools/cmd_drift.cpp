@@ -31,6 +31,7 @@ struct DriftArgs {
   std::string backend = "cpu";
   std::string out;
   bool quiet = false;
+  bool plots = true;
   OutputFormat format;
 };
 
@@ -119,7 +120,8 @@ void run(const DriftArgs& args) {
       json << drift::summary_json(result);
       check(bool(csv) && bool(json), "error writing the results into ", dir);
     }
-    const std::vector<std::string> plots = drift::write_plots(result, dir);
+    const std::vector<std::string> plots =
+        args.plots ? drift::write_plots(result, dir) : std::vector<std::string>{};
     if (args.format.json()) {
       std::cout << drift::summary_json(result);
     } else {
@@ -186,6 +188,7 @@ void register_drift(CLI::App& app) {
   add_backend_option(cmd, &args->backend, "cpu");
   cmd->add_option("--out", args->out, "output folder (drift.csv, summary.json, *.svg)")->required();
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
+  cmd->add_flag("--plots,!--no-plots", args->plots, "write the SVG plots (default) or not");
   add_format_option(cmd, &args->format);
   cmd->callback([args] { run(*args); });
 }
