@@ -66,10 +66,14 @@ TEST(DriftFit, GrowthExponentOfSyntheticSeries) {
 }
 
 TEST(DriftMetrics, StagnationCountsOnlyElementsWhoseFoldMoved) {
-  const std::vector<float> old{1, 2, 3, 4}, fold{1, 2.1f, 3.1f, 4.1f}, now{1, 2, 3.1f, 4};
-  // Element 0 did not move in FP32; of the three that did, two kept their old value.
-  EXPECT_NEAR(stagnation_fraction(old, fold, now), 2.0 / 3.0, 1e-12);
-  EXPECT_EQ(stagnation_fraction(old, old, old), 0.0);
+  const std::vector<float> old{1, 2, 3, 4}, fold{1, 2.1f, 3.1f, 4.1f};
+  // One-byte codes: element 0 did not move in FP32; of the three that did, two kept their code.
+  const std::vector<uint8_t> before{10, 20, 30, 40}, after{11, 20, 31, 40};
+  EXPECT_NEAR(stagnation_fraction(old, fold, before, after, 1), 2.0 / 3.0, 1e-12);
+  EXPECT_EQ(stagnation_fraction(old, old, before, after, 1), 0.0);
+  // Two-byte codes compare whole elements.
+  const std::vector<uint8_t> b2{1, 0, 2, 0, 3, 0, 4, 0}, a2{1, 0, 2, 1, 3, 0, 4, 0};
+  EXPECT_NEAR(stagnation_fraction(old, fold, b2, a2, 2), 2.0 / 3.0, 1e-12);
 }
 
 TEST(DriftArms, ParseNamesAndRejectBadOnes) {

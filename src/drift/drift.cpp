@@ -529,10 +529,13 @@ class ArmRun {
     const SsmShape& sh = cfg_.shape;
     std::vector<float> old_ck, fold, now, read;
     const bool fp16_carrier = has_fp16_carrier(config_.mode);
+    const SlotLayout layout = SlotLayout::make(sh, config_);
+    const size_t rec_at = layout.offset[SlotLayout::rec], rec_bytes = layout.size[SlotLayout::rec];
     for (int s : seeds) {
       const bool empty = in_ring_[s] == 0;
       old_ck = cache_->state(s, 0);
       fold = cache_->state(s);
+      const std::vector<uint8_t> old_bytes = cache_->impl().read_slot(s).bytes;
       if (!empty) {
         const int32_t one[1] = {s};
         cache_->flush(host_view(one, DType::i32, {1}));
@@ -547,7 +550,9 @@ class ArmRun {
       const std::vector<double>& S64 = refs_[s].state();
       Accum& acc = acc_[s];
       if (!empty) {
-        acc.stagnation_sum += stagnation_fraction(old_ck, fold, now);
+        acc.stagnation_sum += stagnation_fraction(
+            old_ck, fold, std::span(old_bytes).subspan(rec_at, rec_bytes),
+            std::span(bytes).subspan(rec_at, rec_bytes), carrier_bytes(config_.mode));
         acc.stagnation_count += 1;
       }
       double signed_num = 0, abs_den = 0;

@@ -170,11 +170,15 @@ DriftResult run_drift(const DriftConfig& config, const ProgressFn& progress = {}
 // ---------------------------------------------------------------------------------------------
 // Metrics and reports (src/drift/report.cpp).
 
-// Fraction of elements whose checkpoint value did not change at a flush although the FP32 fold
-// did: old = decoded checkpoint before, fold = FP32 flush result, now = decoded after. 0 when no
-// element changed in FP32.
+// Fraction of elements whose recurrence-checkpoint code did not change at a flush although the
+// FP32 value did: old = decoded checkpoint before the flush, fold = the FP32 flush result,
+// old_codes / new_codes = the checkpoint's codes before and after (`code_bytes` bytes each). In
+// the shared 8-bit modes a stagnant code can still decode to a new value when the row scale
+// moves; it counts as stagnant, because the element then follows its row's amax, not its own
+// update. 0 when no element changed in FP32.
 double stagnation_fraction(std::span<const float> old, std::span<const float> fold,
-                           std::span<const float> now);
+                           std::span<const uint8_t> old_codes, std::span<const uint8_t> new_codes,
+                           size_t code_bytes);
 // Slope k of log y = k log x + c (least squares over points with x > 0 and y > 0); NaN when
 // fewer than two such points.
 double fit_growth_exponent(std::span<const double> x, std::span<const double> y);

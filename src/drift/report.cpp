@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -15,12 +16,15 @@
 namespace replayssm::drift {
 
 double stagnation_fraction(std::span<const float> old, std::span<const float> fold,
-                           std::span<const float> now) {
+                           std::span<const uint8_t> old_codes, std::span<const uint8_t> new_codes,
+                           size_t code_bytes) {
   int64_t moved = 0, stuck = 0;
   for (size_t i = 0; i < fold.size(); ++i) {
     if (fold[i] == old[i]) continue;  // nothing to store: not a stagnation
     ++moved;
-    if (now[i] == old[i]) ++stuck;
+    if (std::memcmp(old_codes.data() + i * code_bytes, new_codes.data() + i * code_bytes,
+                    code_bytes) == 0)
+      ++stuck;
   }
   return moved ? double(stuck) / double(moved) : 0.0;
 }
