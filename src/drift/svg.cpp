@@ -35,8 +35,9 @@ std::string escape(const std::string& text) {
 // One axis: data range -> pixel range, with ticks at decades (log) or at 1/2/5 steps (linear).
 struct Axis {
   bool log;
-  double lo, hi;  // in data units (log: positive)
-  double p0, p1;  // pixels
+  double lo, hi;    // in data units (log: positive)
+  double p0, p1;    // pixels
+  double step = 1;  // linear tick spacing, chosen by fit()
   double t(double v) const { return log ? std::log10(v) : v; }
   double map(double v) const {
     const double a = t(lo), b = t(hi);
@@ -56,7 +57,7 @@ struct Axis {
         mn -= pad;
         mx += pad;
       }
-      const double step = nice_step((mx - mn) / 6);
+      step = nice_step((mx - mn) / 6);
       lo = std::floor(mn / step) * step;
       hi = std::ceil(mx / step) * step;
     }
@@ -83,7 +84,6 @@ struct Axis {
         if (minor) minor->clear();
       }
     } else {
-      const double step = nice_step((hi - lo) / 6);
       for (double v = lo; v <= hi + step * 1e-6; v += step)
         out.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
     }
