@@ -159,7 +159,8 @@ void register_drift(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str()
       ->check(CLI::IsMember({"ar", "spec"}));
-  cmd->add_option("--window", args->window, "speculative window W = 1 + drafts (<= history/2)")
+  cmd->add_option("--window", args->window,
+                  "speculative window W = 1 + drafts (capped at history/2)")
       ->capture_default_str();
   cmd->add_option("--accept", args->accept,
                   "per-draft acceptance probability (0.81 at W = 8: mean 4.3 accepted)")

@@ -655,7 +655,14 @@ Arm parse_arm(std::string_view name) {
     }
     return mode_arm(Mode::fp16_sr, bits_of(rest));
   }
-  return mode_arm(parse_mode(name));
+  try {
+    return mode_arm(parse_mode(name));
+  } catch (const Error&) {
+    fail("unknown arm '", name,
+         "' (expected fp32, bf16, fp16, fp16-sr7, fp16-sr13, fp16-srR with R in 1..13, "
+         "shared-fp8, shared-int8, separate-fp8, separate-nvfp4, or the biased test arms "
+         "fp16-trunc, fp16-srR-biased)");
+  }
 }
 
 std::vector<Arm> parse_arms(std::string_view list) {
