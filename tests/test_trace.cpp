@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "io/checkpoint_view.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
 
@@ -271,6 +272,84 @@ TEST(Trace, RuntimeErrorsNameTheOp) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A hand-written trace exercising every op and the optional fields, written the way an external
+// tool would: JSON metadata plus F32 tensors.
+TEST(Trace, HandWrittenTraceRunsEveryOp) {
+  const json meta = {{"version", 1},
+                     {"shape", {{"nheads", 2}, {"headdim", 4}, {"dstate", 16}, {"ngroups", 1}}},
+                     {"cache",
+                      {{"mode", "separate-nvfp4"},
+                       {"history", 8},
+                       {"max_window", 4},
+                       {"slots", 3},
+                       {"activation_dtype", "fp32"},
+                       {"sr_bits", 7},
+                       {"philox_rounds", 10},
+                       {"seed", 99},
+                       {"layer", 2}}},
+                     {"dt_limits", {0.0, 0.5}},
+                     {"ops",
+                      {{{"op", "prefill"}, {"slot", 0}, {"input", "p"}},
+                       {{"op", "verify"}, {"slots", {0, 1}}, {"window", 3}, {"input", "v"}},
+                       {{"op", "commit"}, {"slots", {0, 1}}, {"accepted", {2, 1}}},
+                       {{"op", "state"}, {"slot", 0}, {"at", 1}},
+                       {{"op", "release"}, {"slot", 2}},  // every slot starts open
+                       {{"op", "fork"}, {"src", 0}, {"dst", 2}, {"request", 77}},
+                       {{"op", "release"}, {"slot", 1}},
+                       {{"op", "open"}, {"slot", 1}},
+                       {{"op", "decode"}, {"slots", {1, 2}}, {"input", "d"}},
+                       {{"op", "export"}, {"slot", 2}},
+                       {{"op", "flush"}, {"slots", {0}}}}}};
+  StFile file;
+  file.metadata[kTraceMetadataKey] = meta.dump();
+  auto fill = [&](const std::string& name, std::vector<int64_t> shape_of, float scale) {
+    StTensor t;
+    t.shape = shape_of;
+    std::vector<float> v(size_t(t.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(float(i) * 0.7f + scale);
+    file.tensors[name] = make_f32(shape_of, v);
+  };
+  fill("A_log", {2}, 1.0f);
+  fill("dt_bias", {2}, -2.0f);
+  fill("D", {2}, 1.0f);
+  for (auto [input, lead] :
+       {std::pair<std::string, std::vector<int64_t>>{"p", {5}}, {"v", {2, 3}}, {"d", {2, 1}}}) {
+    auto with = [&](std::initializer_list<int64_t> tail) {
+      std::vector<int64_t> s = lead;
+      s.insert(s.end(), tail);
+      return s;
+    };
+    fill(input + ".x", with({2, 4}), 1.0f);
+    fill(input + ".B", with({1, 16}), 0.8f);
+    fill(input + ".C", with({1, 16}), 0.9f);
+    fill(input + ".dt", with({2}), 0.5f);
+  }
+  const Trace trace = parse_trace(file, "hand");
+  EXPECT_EQ(trace.cache.layer, 2);
+  EXPECT_EQ(trace.params.dt_max, 0.5f);
+  // Re-serialising gives the same metadata (all optional fields kept).
+  EXPECT_EQ(json::parse(trace_metadata_json(trace)), meta);
+  const StFile out = run_trace(trace, {});
+  std::vector<std::string> names;
+  for (const auto& [name, t] : out.tensors) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"cursors.0", "cursors.1", "cursors.2", "export.9",
+                                             "read.0", "read.1", "read.2", "snapshot.3", "state.0",
+                                             "state.1", "state.2", "y.0", "y.1", "y.8"}));
+  EXPECT_EQ(out.tensors.at("y.1").describe(), "F32[2,3,2,4]");
+  EXPECT_EQ(out.tensors.at("y.8").describe(), "F32[2,1,2,4]");
+  EXPECT_EQ(out.tensors.at("cursors.0").i32("c")[0], 0);  // flushed
+  EXPECT_EQ(out.tensors.at("cursors.1").i32("c")[0], 1);  // reopened, one decode
+  EXPECT_EQ(out.tensors.at("cursors.2").i32("c")[0], 3);  // fork of 2 committed, one decode
+  const SlotFileInfo exported = inspect_slot_file(out.tensors.at("export.9").data);
+  EXPECT_EQ(exported.image.cursors.request_id, 77u);  // the fork's explicit request id
+  EXPECT_EQ(exported.config.mode, Mode::separate_nvfp4);
+  EXPECT_EQ(exported.config.layer, 2);
+  // The snapshot after one committed entry differs from the state after two.
+  EXPECT_FALSE(compare_outputs(StFile{{}, {{"s", out.tensors.at("snapshot.3")}}},
+                               StFile{{}, {{"s", out.tensors.at("state.0")}}}, 0, 0)
+                   .ok());
 }
 
 // ---- the runner against an independent FP64 interpreter ----------------------------------------

@@ -80,6 +80,7 @@ struct ExitStatus {
 void register_trace(CLI::App& app);
 void register_ckpt(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_plan(CLI::App& app);
 void register_drift(CLI::App& app);
 
 }  // namespace replayssm::cli
