@@ -729,8 +729,9 @@ DriftResult run_drift(const DriftConfig& config, const ProgressFn& progress) {
       std::vector<std::unique_ptr<ArmRun>> runs(static_cast<size_t>(n));
       std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
       // Arms in parallel on the CPU backend (the backend's own parallel regions are nested and
-      // run on one thread each); on CUDA one after the other.
-      const bool parallel = config.backend == BackendKind::cpu;
+      // run on one thread each); on CUDA, or with a single arm, one after the other so the
+      // backend keeps its threads.
+      const bool parallel = config.backend == BackendKind::cpu && n > 1;
 #pragma omp parallel for schedule(dynamic) if (parallel)
       for (int a = 0; a < n; ++a) {
         try {
