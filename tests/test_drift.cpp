@@ -6,11 +6,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "drift/drift.h"
 #include "drift/svg.h"
+#include "io/safetensors.h"
+#include "io/trace.h"
 #include "replayssm/error.h"
 
 namespace replayssm::drift {
@@ -195,6 +198,56 @@ TEST(DriftEngine, BurstsSaturateFp16AndAreCounted) {
   EXPECT_GT(summary_of(r, "fp16").stats.saturated, 0u);
   EXPECT_EQ(summary_of(r, "bf16").stats.saturated, 0u);
   EXPECT_EQ(summary_of(r, "fp16").stats.nonfinite, 0u);
+}
+
+// A trace (here a generated one; later one captured from a model) as the token stream: the
+// committed tokens of each slot, drafts dropped, replayed through every arm.
+TEST(DriftEngine, RecordedStreamFromATrace) {
+  io::TraceGenOptions gen;
+  gen.shape = SsmShape{4, 8, 16, 2};
+  gen.steps = 300;
+  gen.slots = 2;
+  gen.window = 4;
+  gen.lifecycle = false;
+  const io::Trace trace = io::generate_trace(gen);
+  // The tokens the trace commits per slot: prefill chunks, decodes, accepted verify prefixes.
+  std::map<int, int64_t> committed;
+  for (const io::TraceOp& op : trace.ops) {
+    if (op.kind == io::OpKind::prefill) committed[op.slot()] += op.window;
+    if (op.kind == io::OpKind::decode)
+      for (int slot : op.slots) committed[slot] += 1;
+    if (op.kind == io::OpKind::commit)
+      for (size_t i = 0; i < op.slots.size(); ++i) committed[op.slots[i]] += op.accepted[i];
+  }
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("drift_trace_" + std::to_string(::getpid()));
+  io::write_safetensors(path.string(), io::trace_to_file(trace));
+  auto rec = std::make_shared<RecordedStreams>(read_recorded_streams(path.string()));
+  std::filesystem::remove(path);
+  ASSERT_EQ(rec->sequences.size(), committed.size());
+  std::vector<int64_t> want, got;
+  for (const auto& [slot, n] : committed) want.push_back(n);
+  for (const auto& seq : rec->sequences) got.push_back(seq.tokens);
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(rec->shape, gen.shape);
+
+  DriftConfig c;
+  c.shape = rec->shape;
+  c.stream = StreamKind::recorded;
+  c.recorded = rec;
+  c.prefill = 2;
+  c.steps = std::min(got.front(), int64_t(200)) - c.prefill;
+  c.seeds = 2;
+  c.arms = parse_arms("fp32,fp16-sr7");
+  const DriftResult r = run_drift(c);
+  EXPECT_LT(summary_of(r, "fp32").state_max.max, 1e-5);
+  EXPECT_LT(summary_of(r, "fp32").out_max.max, 1e-5);
+  EXPECT_GT(summary_of(r, "fp16-sr7").state_final.mean, 1e-5);
+  // More steps than the shortest sequence holds is an error, not a silent wrap-around.
+  c.steps = got.back() + 1;
+  EXPECT_THROW(run_drift(c), Error);
 }
 
 TEST(DriftEngine, RejectsBadConfigurations) {

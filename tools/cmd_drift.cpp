@@ -25,6 +25,7 @@ struct DriftArgs {
   uint64_t seed = 1;
   bool fixed_stream = false;
   std::vector<std::string> streams{"mamba2"};
+  std::string trace;
   std::string activation = "bf16";
   int prefill = 64;
   double record_ratio = 1.1;
@@ -53,7 +54,7 @@ void print_table(const drift::DriftResult& r) {
   std::cout << table.render();
 }
 
-void run(const DriftArgs& args) {
+void run(const DriftArgs& args, bool shape_given) {
   drift::DriftConfig base;
   base.shape = parse_shape(args.shape);
   base.steps = args.steps;
@@ -74,7 +75,14 @@ void run(const DriftArgs& args) {
   base.record_ratio = args.record_ratio;
 
   std::vector<drift::StreamKind> streams;
-  for (const std::string& s : args.streams) {
+  if (!args.trace.empty()) {
+    // Tokens and layer from a trace file (e.g. captured from a model); it fixes the shape.
+    base.recorded =
+        std::make_shared<drift::RecordedStreams>(drift::read_recorded_streams(args.trace));
+    if (!shape_given) base.shape = base.recorded->shape;
+    streams.push_back(drift::StreamKind::recorded);
+  }
+  for (const std::string& s : streams.empty() ? args.streams : std::vector<std::string>{}) {
     if (s == "all") {
       for (drift::StreamKind k : drift::all_streams()) streams.push_back(k);
     } else {
@@ -143,7 +151,8 @@ void register_drift(CLI::App& app) {
       "drift",
       "accuracy of every checkpoint mode over long decodes, against an FP64 recurrence "
       "(docs/accuracy.md)");
-  cmd->add_option("--shape", args->shape, "H,P,N,G")->capture_default_str();
+  CLI::Option* shape_option =
+      cmd->add_option("--shape", args->shape, "H,P,N,G")->capture_default_str();
   cmd->add_option("--steps", args->steps, "decode tokens per run (after the prefill)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
@@ -177,6 +186,10 @@ void register_drift(CLI::App& app) {
                   "mamba2, long, tiny, bursts, mix or all (several: DIR/<stream>/)")
       ->delimiter(',')
       ->capture_default_str();
+  cmd->add_option("--trace", args->trace,
+                  "decode the token sequences of a trace file (one per slot; seed s takes "
+                  "sequence s) with its layer, instead of a synthetic --stream")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--act", args->activation, "activation dtype of the ring: bf16 or fp32")
       ->capture_default_str();
   cmd->add_option("--prefill", args->prefill, "prompt tokens before decoding")
@@ -191,7 +204,7 @@ void register_drift(CLI::App& app) {
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   cmd->add_flag("--plots,!--no-plots", args->plots, "write the SVG plots (default) or not");
   add_format_option(cmd, &args->format);
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, shape_option] { run(*args, shape_option->count() > 0); });
 }
 
 }  // namespace replayssm::cli

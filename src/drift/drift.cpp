@@ -315,7 +315,11 @@ class ArmRun {
     // fixed_stream), its own acceptance draws and its own SR bits (request id = seed + 1).
     for (int s = 0; s < S_; ++s) {
       const uint64_t token_seed = cfg_.fixed_stream ? cfg_.base_seed : cfg_.base_seed + uint64_t(s);
-      streams_.emplace_back(cfg_.stream, shape, cfg_.base_seed, token_seed);
+      if (cfg_.recorded) {
+        streams_.emplace_back(cfg_.recorded, cfg_.fixed_stream ? 0 : s, cfg_.prefill);
+      } else {
+        streams_.emplace_back(cfg_.stream, shape, cfg_.base_seed, token_seed);
+      }
       refs_.emplace_back(shape, streams_.back().params());
       accept_rng_.push_back(splitmix64(cfg_.base_seed * 0x9e3779b97f4a7c15ull + uint64_t(s)));
     }
@@ -704,6 +708,19 @@ void DriftConfig::validate() const {
   check(seeds >= 1 && seeds <= 1024, "seeds must be in 1..1024, got ", seeds);
   check(record_ratio > 1.0, "record ratio must exceed 1");
   check(backend_available(backend), "backend ", backend_name(backend), " is not available");
+  check((stream == StreamKind::recorded) == bool(recorded),
+        "a recorded stream needs its recording, and a recording needs stream 'trace'");
+  if (recorded) {
+    check(shape == recorded->shape, "the shape must be the recording's (", recorded->shape.nheads,
+          ",", recorded->shape.headdim, ",", recorded->shape.dstate, ",", recorded->shape.ngroups,
+          ")");
+    const size_t used = fixed_stream ? 1 : std::min(size_t(seeds), recorded->sequences.size());
+    for (size_t i = 0; i < used; ++i) {
+      check(recorded->sequences[i].tokens >= prefill + steps, recorded->source, ": sequence ", i,
+            " has ", recorded->sequences[i].tokens, " tokens, fewer than prefill ", prefill,
+            " + steps ", steps);
+    }
+  }
   for (const Arm& arm : arms) {
     if (arm.mode == Mode::separate_nvfp4 && !arm.reencode)
       check(shape.dstate % 16 == 0, "separate-nvfp4 needs dstate to be a multiple of 16, got ",

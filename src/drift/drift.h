@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,10 +27,27 @@ enum class StreamKind : uint8_t {
   tiny,         // decay 1-1e-4 / 1-1e-5, prefill at scale 1, then x ~ N(0, 1e-4): stagnation
   bursts,       // mamba2, with 4-token bursts of x ~ N(0, 1e6) (about 1 in 256 tokens): saturation
   mix,          // heads cycle through mamba2, long 1e-3, long 1e-5, tiny
+  recorded,     // tokens recorded in a trace file (read_recorded_streams)
 };
 const char* stream_name(StreamKind kind);
 StreamKind parse_stream(std::string_view name);
-std::vector<StreamKind> all_streams();
+std::vector<StreamKind> all_streams();  // the synthetic ones
+
+// Token sequences recorded in a trace file (docs/trace-format.md), e.g. captured from a model's
+// layer: per slot, every token that reached the canonical state in order (prefill tokens,
+// decoded tokens, and the accepted prefix of each verify; rejected drafts are dropped). A slot
+// that is released, re-opened or forked into starts a new sequence.
+struct RecordedStreams {
+  std::string source;  // file name, for messages
+  SsmShape shape;
+  LayerParams params;
+  struct Sequence {
+    std::vector<float> x, B, C, dt;  // [T,H,P], [T,G,N], [T,G,N], [T,H]
+    int64_t tokens = 0;
+  };
+  std::vector<Sequence> sequences;  // non-empty ones, in the order they end
+};
+RecordedStreams read_recorded_streams(const std::string& trace_path);
 
 // A stream of tokens for one layer: per-head parameters plus a counter-based generator, so token
 // t of seed s is the same whatever was generated before (arms, seeds and draft tokens never
@@ -38,6 +56,9 @@ class Stream {
  public:
   // The layer parameters come from `layer_seed`, the tokens from `token_seed`.
   Stream(StreamKind kind, const SsmShape& shape, uint64_t layer_seed, uint64_t token_seed);
+  // Sequence `index` (modulo their number) of a recording; token t < 0 is prefill token
+  // prefill + t, draft tokens are other recorded tokens of the same sequence.
+  Stream(std::shared_ptr<const RecordedStreams> recorded, int index, int prefill);
   const LayerParams& params() const { return params_; }
   StreamKind kind() const { return kind_; }
   // Token `t` (t < 0: prefill tokens, counted from -prefill) as fp32 values; `draft` selects an
@@ -50,6 +71,9 @@ class Stream {
   uint64_t seed_;
   LayerParams params_;
   std::vector<uint8_t> head_kind_;  // [H] StreamKind of each head (differs only in `mix`)
+  std::shared_ptr<const RecordedStreams> recorded_;
+  const RecordedStreams::Sequence* sequence_ = nullptr;
+  int prefill_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -113,6 +137,9 @@ struct DriftConfig {
   uint64_t base_seed = 1;
   bool fixed_stream = false;  // every seed sees the same tokens (only SR bits differ)
   StreamKind stream = StreamKind::mamba2;
+  // With stream == recorded: the tokens and the layer (shape and parameters must match); seed s
+  // decodes sequence s modulo their number, so steps + prefill must fit in each sequence used.
+  std::shared_ptr<const RecordedStreams> recorded;
   DType activation = DType::bf16;
   BackendKind backend = BackendKind::cpu;
   std::vector<Arm> arms = standard_arms();

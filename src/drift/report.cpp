@@ -121,6 +121,7 @@ std::string summary_json(const DriftResult& result) {
                  {"base_seed", c.base_seed},
                  {"fixed_stream", c.fixed_stream},
                  {"stream", stream_name(c.stream)},
+                 {"trace", c.recorded ? c.recorded->source : std::string()},
                  {"activation", dtype_name(c.activation)},
                  {"backend", backend_name(c.backend)},
                  {"arms", arms}};

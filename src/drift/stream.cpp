@@ -1,8 +1,11 @@
 // Synthetic token streams of the drift study and the FP64 oracle.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "drift/drift.h"
+#include "io/trace.h"
 #include "replayssm/error.h"
 
 namespace replayssm::drift {
@@ -83,6 +86,8 @@ const char* stream_name(StreamKind kind) {
       return "bursts";
     case StreamKind::mix:
       return "mix";
+    case StreamKind::recorded:
+      return "trace";
   }
   return "?";
 }
@@ -90,6 +95,7 @@ const char* stream_name(StreamKind kind) {
 StreamKind parse_stream(std::string_view name) {
   for (StreamKind k : all_streams())
     if (name == stream_name(k)) return k;
+  check(name != "trace", "the trace stream needs a trace file (replayssm drift --trace FILE)");
   fail("unknown stream '", name, "' (expected mamba2, long, tiny, bursts or mix)");
 }
 
@@ -122,6 +128,8 @@ Stream::Stream(StreamKind kind, const SsmShape& shape, uint64_t layer_seed, uint
         head_kind_[h] = cycle[h % 4];
         break;
       }
+      case StreamKind::recorded:
+        fail("a recorded stream is built from its recording, not from a seed");
     }
   }
   Rng rng(mix_key(layer_seed, ~0ull, 0x706172616d73ull));  // "params"
@@ -142,8 +150,33 @@ Stream::Stream(StreamKind kind, const SsmShape& shape, uint64_t layer_seed, uint
   }
 }
 
+Stream::Stream(std::shared_ptr<const RecordedStreams> recorded, int index, int prefill)
+    : kind_(StreamKind::recorded),
+      shape_(recorded->shape),
+      seed_(0),
+      params_(recorded->params),
+      recorded_(std::move(recorded)),
+      prefill_(prefill) {
+  check(!recorded_->sequences.empty(), recorded_->source, ": no tokens recorded");
+  sequence_ = &recorded_->sequences[size_t(index) % recorded_->sequences.size()];
+}
+
 void Stream::token(int64_t t, bool draft, float* x, float* B, float* C, float* dt) const {
   const int H = shape_.nheads, P = shape_.headdim, N = shape_.dstate, G = shape_.ngroups;
+  if (sequence_) {
+    const int64_t n = sequence_->tokens;
+    int64_t i = prefill_ + t;
+    // A rejected draft is some other real token of the sequence: plausible magnitudes, wrong
+    // content, as a draft model's miss would be.
+    if (draft) i = (i + n / 2 + 1) % n;
+    check(i >= 0 && i < n, recorded_->source, ": token ", i, " requested but the sequence has ", n,
+          " (reduce --steps or --prefill)");
+    std::copy_n(sequence_->x.data() + i * H * P, H * P, x);
+    std::copy_n(sequence_->B.data() + i * G * N, G * N, B);
+    std::copy_n(sequence_->C.data() + i * G * N, G * N, C);
+    std::copy_n(sequence_->dt.data() + i * H, H, dt);
+    return;
+  }
   Rng rng(mix_key(seed_, uint64_t(t), draft ? 1 : 0));
   const bool in_burst =
       t >= 0 && splitmix64(mix_key(seed_, uint64_t(t / kBurstLength), 2)) % kBurstOneIn == 0;
@@ -195,6 +228,75 @@ void Fp64Recurrence::step(const float* x, const float* B, const float* C, const 
       y[h * P + p] = acc + D_[h] * double(x[h * P + p]);
     }
   }
+}
+
+}  // namespace replayssm::drift
+
+namespace replayssm::drift {
+
+RecordedStreams read_recorded_streams(const std::string& trace_path) {
+  const io::Trace trace = io::read_trace(trace_path);
+  RecordedStreams rec;
+  rec.source = trace_path;
+  rec.shape = trace.shape;
+  rec.params = trace.params;
+  const int H = trace.shape.nheads, P = trace.shape.headdim, G = trace.shape.ngroups,
+            N = trace.shape.dstate;
+  const size_t hp = size_t(H) * P, gn = size_t(G) * N;
+  std::map<int, RecordedStreams::Sequence> open;                     // slot -> its current sequence
+  std::map<int, std::pair<const io::TokenInputs*, size_t>> pending;  // slot -> verify rows
+  auto close = [&](int slot) {
+    auto it = open.find(slot);
+    if (it != open.end() && it->second.tokens > 0) rec.sequences.push_back(std::move(it->second));
+    if (it != open.end()) open.erase(it);
+    pending.erase(slot);
+  };
+  auto append = [&](int slot, const io::TokenInputs& in, size_t row, size_t count) {
+    RecordedStreams::Sequence& seq = open[slot];
+    seq.x.insert(seq.x.end(), in.x.begin() + row * hp, in.x.begin() + (row + count) * hp);
+    seq.B.insert(seq.B.end(), in.B.begin() + row * gn, in.B.begin() + (row + count) * gn);
+    seq.C.insert(seq.C.end(), in.C.begin() + row * gn, in.C.begin() + (row + count) * gn);
+    seq.dt.insert(seq.dt.end(), in.dt.begin() + row * H, in.dt.begin() + (row + count) * H);
+    seq.tokens += int64_t(count);
+  };
+  for (const io::TraceOp& op : trace.ops) {
+    switch (op.kind) {
+      case io::OpKind::prefill:
+        append(op.slot(), trace.inputs.at(op.input), 0, size_t(op.window));
+        break;
+      case io::OpKind::decode: {
+        const io::TokenInputs& in = trace.inputs.at(op.input);
+        for (size_t i = 0; i < op.slots.size(); ++i) append(op.slots[i], in, i, 1);
+        break;
+      }
+      case io::OpKind::verify: {
+        const io::TokenInputs& in = trace.inputs.at(op.input);
+        for (size_t i = 0; i < op.slots.size(); ++i)
+          pending[op.slots[i]] = {&in, i * size_t(op.window)};
+        break;
+      }
+      case io::OpKind::commit:
+        for (size_t i = 0; i < op.slots.size(); ++i) {
+          auto it = pending.find(op.slots[i]);
+          if (it == pending.end()) continue;  // the reader or the runner reports this one
+          append(op.slots[i], *it->second.first, it->second.second, size_t(op.accepted[i]));
+          pending.erase(it);
+        }
+        break;
+      case io::OpKind::release:
+      case io::OpKind::open:
+        close(op.slot());
+        break;
+      case io::OpKind::fork:
+        close(op.dst);
+        break;
+      default:
+        break;
+    }
+  }
+  while (!open.empty()) close(open.begin()->first);
+  check(!rec.sequences.empty(), trace_path, ": the trace decodes no tokens");
+  return rec;
 }
 
 }  // namespace replayssm::drift
