@@ -1,0 +1,592 @@
+// Kernels of the CUDA replay cache (SPEC sections 3-5). One block per (slot, head) for the heavy
+// kernels; a row (h, p) of N elements is held by N/8 consecutive lanes, 8 elements each, and a
+// thread keeps kRows rows so that its checkpoint loads are all in flight together.
+//
+// verify (window W, committed c, running sums L_k = delta_0 + ... + delta_k):
+//   flush if c + W > L:   S = fold(decode(rec), entries 0..c-1) in fp32,
+//                         S <- a_k S + (delta_k x_k) B_k^T  (a_k = exp(delta_k A)), then encode;
+//                         the window then starts at logical 0 of an empty ring (c' = 0)
+//   for j = 0..W-1 at logical position i = c' + j:
+//     y_j = exp(A L_i) * scale * sum_n R[p,n] C_j[n]            (R = read checkpoint values)
+//         + sum_{k <= i} delta_k exp(A (L_i - L_k)) (B_k . C_j) x_k[p] + D x_j[p]
+//   In the 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16
+//   (BF16 readout rule); products are exact in fp32 and summed in fp32.
+// Ring x and delta of the new entries are written by each head's block; ring B (shared by the
+// heads of a group) and the cursors by verify_finalize_kernel, a second launch.
+#pragma once
+
+#include "cache/cursors.h"
+#include "cuda/replay_codec.cuh"
+
+namespace replayssm::cuda {
+
+inline constexpr int kMaxWindow = 8;    // W <= 8 (one value per lane group of row_sum8)
+inline constexpr int kMaxHistory = 32;  // L <= 32
+inline constexpr int kStepThreads = 256;
+inline constexpr int kStepRows = 4;  // rows per thread and pass
+
+// The 8- and 4-bit read checkpoints use the BF16 readout rule (SPEC 5).
+constexpr bool bf16_readout(Mode mode) {
+  return mode == Mode::shared_fp8 || mode == Mode::shared_int8 || mode == Mode::separate_fp8 ||
+         mode == Mode::separate_nvfp4;
+}
+
+// Error codes of the device error word (docs/cuda.md).
+enum DeviceErrorCode : int32_t {
+  kErrNone = 0,
+  kErrSlotClosed = 1,     // operation on a slot that is not open
+  kErrNonFiniteInput = 2, // NaN/Inf in x, B, C or dt
+  kErrCommitRange = 3,    // accepted outside 1..pending
+  kErrNonFiniteState = 4, // a checkpoint write met NaN/Inf (written anyway, see docs)
+  kErrStateRange = 5,     // state(at) with at > committed
+};
+
+struct DeviceError {
+  int32_t code;   // first error since the last check
+  int32_t slot;
+  int32_t value;  // offending value (accepted count, ...)
+  int32_t count;  // errors since the last check
+};
+
+struct DeviceStats {
+  unsigned long long flushes;
+  unsigned long long saturated;
+  unsigned long long checkpoint_writes;
+};
+
+__device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int32_t slot,
+                                            int32_t value) {
+  if (atomicCAS(&err->code, 0, code) == 0) {
+    err->slot = slot;
+    err->value = value;
+  }
+  atomicAdd(&err->count, 1);
+}
+
+struct ReplayParams {
+  SlotGeometry geo;
+  SlotCursors* cursors;   // [num_slots]
+  int32_t* status;        // [B] 0 = this slot takes part in the operation
+  DeviceError* error;
+  DeviceStats* stats;
+  const int32_t* slots;   // [B]
+  int batch;
+  int tokens;             // W (verify) or T (prefill); 0 for an explicit flush
+  const void* x;          // [B, T, H, P] activation dtype
+  const void* B;          // [B, T, G, N] activation dtype
+  const void* C;          // [B, T, G, N] activation dtype
+  const float* dt;        // [B, T, H]
+  void* y;                // [B, T, H, P] y_dtype
+  DType y_dtype;
+  bool force_flush;       // explicit flush: fold whatever is committed
+  int H, P, N, G, L;
+  int lanes_per_row;      // N / 8
+  U32x2 key;
+  int sr_bits, philox_rounds;
+  HeadParams head;
+  // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
+  float* dense;
+  int at;
+};
+
+__device__ __forceinline__ SrContext make_sr(const ReplayParams& p, const SlotCursors& c) {
+  return SrContext{p.key, c.request_id, c.flush_index, p.sr_bits, p.philox_rounds};
+}
+
+// Checks a slot before a token operation: open, and finite inputs. One block per batch entry.
+template <typename ActT>
+__global__ void validate_tokens_kernel(const ReplayParams p) {
+  const int b = blockIdx.x;
+  const int slot = p.slots[b];
+  __shared__ int bad;
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  if (slot < 0) {
+    if (threadIdx.x == 0) p.status[b] = 1;  // padding: skipped, not an error
+    return;
+  }
+  if (!p.cursors[slot].live) {
+    if (threadIdx.x == 0) {
+      p.status[b] = 1;
+      raise_error(p.error, kErrSlotClosed, slot, 0);
+    }
+    return;
+  }
+  const int T = p.tokens;
+  const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
+  const ActT* x = static_cast<const ActT*>(p.x) + b * nx;
+  const ActT* Bm = static_cast<const ActT*>(p.B) + b * nb;
+  const ActT* Cm = static_cast<const ActT*>(p.C) + b * nb;
+  const float* dt = p.dt + b * nd;
+  int local = 0;
+  for (int64_t i = threadIdx.x; i < nx; i += blockDim.x) local |= !isfinite(to_f32(x[i]));
+  for (int64_t i = threadIdx.x; i < nb; i += blockDim.x)
+    local |= !isfinite(to_f32(Bm[i])) | !isfinite(to_f32(Cm[i]));
+  for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) local |= !isfinite(dt[i]);
+  if (__syncthreads_or(local)) {
+    if (threadIdx.x == 0) {
+      p.status[b] = 1;
+      raise_error(p.error, kErrNonFiniteInput, slot, 0);
+    }
+    return;
+  }
+  if (threadIdx.x == 0) p.status[b] = 0;
+}
+
+// Validates every slot of a flush (open) into status.
+__global__ void validate_slots_kernel(const ReplayParams p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= p.batch) return;
+  const int slot = p.slots[b];
+  int st = 0;
+  if (slot < 0) {
+    st = 1;
+  } else if (!p.cursors[slot].live) {
+    st = 1;
+    raise_error(p.error, kErrSlotClosed, slot, 0);
+  }
+  p.status[b] = st;
+}
+
+// Shared memory of the step kernel, carved from one dynamic buffer.
+struct StepSmem {
+  float* fold_B;      // [L, N]   committed entries folded by a flush
+  float* fold_x;      // [L, P]
+  float* fold_delta;  // [L]
+  float* fold_a;      // [L]      exp(delta A)
+  float* hist_B;      // [L, N]   entries the readout sees (committed, then the window)
+  float* hist_x;      // [L, P]
+  float* hist_delta;  // [L]
+  float* hist_L;      // [L]      running sums
+  float* C;           // [kMaxWindow, N]
+  float* Cr;          // [kMaxWindow, N]  C rounded to bf16 in the 8/4-bit read modes (else == C)
+  float* w;           // [kMaxWindow, L]  delta_k exp(A (L_i - L_k)) (B_k . C_j)
+  float* dec;         // [kMaxWindow]     exp(A L_i)
+
+  static size_t bytes(int L, int N, int P) {
+    return sizeof(float) *
+           (2 * size_t(L) * N + 2 * size_t(L) * P + 4 * size_t(L) + 2 * size_t(kMaxWindow) * N +
+            size_t(kMaxWindow) * L + kMaxWindow);
+  }
+  __device__ static StepSmem carve(float* base, int L, int N, int P) {
+    StepSmem s;
+    s.fold_B = base;
+    s.hist_B = s.fold_B + L * N;
+    s.C = s.hist_B + L * N;
+    s.Cr = s.C + kMaxWindow * N;
+    s.fold_x = s.Cr + kMaxWindow * N;
+    s.hist_x = s.fold_x + L * P;
+    s.fold_delta = s.hist_x + L * P;
+    s.fold_a = s.fold_delta + L;
+    s.hist_delta = s.fold_a + L;
+    s.hist_L = s.hist_delta + L;
+    s.w = s.hist_L + L;
+    s.dec = s.w + kMaxWindow * L;
+    return s;
+  }
+};
+
+template <typename ActT>
+__device__ __forceinline__ void copy_row_to_smem(float* dst, const ActT* src, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = to_f32(src[i]);
+}
+
+// Loads the committed entries 0..count-1 of head h (group g) into fold_* (x, B, delta, a).
+template <typename ActT>
+__device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
+                                           const SlotCursors& cur, int count, int h, int g,
+                                           const StepSmem& sm) {
+  const float A = p.head.A[h];
+  for (int k = 0; k < count; ++k) {
+    const int phys = ring_index(cur, k, p.L);
+    copy_row_to_smem(sm.fold_B + k * p.N,
+                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g) * p.N, p.N);
+    copy_row_to_smem(sm.fold_x + k * p.P,
+                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * p.H + h) * p.P, p.P);
+  }
+  for (int k = threadIdx.x; k < count; k += blockDim.x) {
+    const float d = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
+    sm.fold_delta[k] = d;
+    sm.fold_a[k] = expf(d * A);
+  }
+}
+
+// S <- a_k S + (delta_k x_k[p]) B_k for k = 0..count-1 (the per-token recurrence in fp32).
+__device__ __forceinline__ void fold8(float (&s)[8], const StepSmem& sm, int count, int prow,
+                                      int n0, int N, int P) {
+  for (int k = 0; k < count; ++k) {
+    const float a = sm.fold_a[k];
+    const float dx = sm.fold_delta[k] * sm.fold_x[k * P + prow];
+    const float4 b0 = *reinterpret_cast<const float4*>(sm.fold_B + k * N + n0);
+    const float4 b1 = *reinterpret_cast<const float4*>(sm.fold_B + k * N + n0 + 4);
+    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] = a * s[i] + dx * bv[i];
+  }
+}
+
+__device__ __forceinline__ bool any_nonfinite(const float (&s)[8]) {
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) bad |= !isfinite(s[i]);
+  return bad;
+}
+
+// verify (tokens = W >= 1) or explicit flush (tokens = 0, force_flush). One block per (b, h).
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayParams p) {
+  extern __shared__ float4 smem_raw[];
+  const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  if (p.status[b] != 0) return;
+  const int slot = p.slots[b];
+  const SlotCursors cur = p.cursors[slot];
+  const int W = p.tokens, L = p.L, N = p.N, P = p.P, H = p.H, G = p.G;
+  const int g = h / (H / G);
+  const bool flush =
+      (p.force_flush && cur.committed > 0) || (W > 0 && verify_needs_flush(cur, W, L));
+  const int c_fold = flush ? cur.committed : 0;
+  const int c_hist = flush ? 0 : cur.committed;
+  SlotCursors after = cur;
+  if (flush) apply_flush(after, L);
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, P);
+  const float A = p.head.A[h], D = p.head.D[h];
+  const int m = c_hist + W;  // entries seen by the readout
+
+  // ---- stage ring entries and the window's inputs in shared memory
+  if (flush) stage_fold<ActT>(p, sec, cur, c_fold, h, g, sm);
+  for (int k = 0; k < c_hist; ++k) {
+    const int phys = ring_index(cur, k, L);
+    copy_row_to_smem(sm.hist_B + k * N,
+                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N, N);
+    copy_row_to_smem(sm.hist_x + k * P,
+                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P, P);
+  }
+  for (int j = 0; j < W; ++j) {
+    const int64_t bt = int64_t(b) * W + j;
+    copy_row_to_smem(sm.hist_B + (c_hist + j) * N, static_cast<const ActT*>(p.B) + (bt * G + g) * N,
+                     N);
+    copy_row_to_smem(sm.hist_x + (c_hist + j) * P, static_cast<const ActT*>(p.x) + (bt * H + h) * P,
+                     P);
+    const ActT* Cj = static_cast<const ActT*>(p.C) + (bt * G + g) * N;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+      const float c = to_f32(Cj[n]);
+      sm.C[j * N + n] = c;
+      sm.Cr[j * N + n] = bf16_readout(kMode) ? bf16_to_f32(f32_to_bf16(c)) : c;
+    }
+  }
+  for (int j = W + threadIdx.x / 32; j < kMaxWindow; j += blockDim.x / 32)  // zero padding
+    for (int n = threadIdx.x % 32; n < N; n += 32) sm.C[j * N + n] = sm.Cr[j * N + n] = 0.f;
+  for (int k = threadIdx.x; k < c_hist; k += blockDim.x)
+    sm.hist_delta[k] = sec.ring_delta[ring_index(cur, k, L) * H + h];
+  for (int j = threadIdx.x; j < W; j += blockDim.x)
+    sm.hist_delta[c_hist + j] = process_dt(p.dt[(int64_t(b) * W + j) * H + h], p.head.dt_bias[h],
+                                           p.head.dt_min, p.head.dt_max);
+  __syncthreads();
+
+  // ---- new ring entries of this head (x, delta); everything they overwrite is staged above
+  for (int j = 0; j < W; ++j) {
+    const int phys = ring_index(after, c_hist + j, L);
+    ActT* dst = static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P;
+    const ActT* src = static_cast<const ActT*>(p.x) + ((int64_t(b) * W + j) * H + h) * P;
+    for (int i = threadIdx.x; i < P; i += blockDim.x) dst[i] = src[i];
+    if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = sm.hist_delta[c_hist + j];
+  }
+  if (threadIdx.x == 0) {
+    float run = 0.f;
+    for (int k = 0; k < m; ++k) {
+      run += sm.hist_delta[k];
+      sm.hist_L[k] = run;
+    }
+  }
+  __syncthreads();
+  // w[j][k] = delta_k exp(A (L_i - L_k)) (B_k . C_j), one warp per (j, k), i = c_hist + j
+  {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int pair = warp; pair < W * m; pair += warps) {
+      const int j = pair / m, k = pair % m;
+      const int i = c_hist + j;
+      float dot = 0.f;
+      if (k <= i)
+        for (int n = lane; n < N; n += 32) dot += sm.hist_B[k * N + n] * sm.C[j * N + n];
+      dot = row_sum(dot, 32);
+      if (lane == 0)
+        sm.w[j * L + k] =
+            k <= i ? sm.hist_delta[k] * decay(A * (sm.hist_L[i] - sm.hist_L[k])) * dot : 0.f;
+    }
+    for (int j = threadIdx.x; j < W; j += blockDim.x)
+      sm.dec[j] = decay(A * sm.hist_L[c_hist + j]);
+  }
+  __syncthreads();
+
+  // ---- checkpoint rows: flush (fold + encode) and readout
+  const int lanes = p.lanes_per_row;
+  const int lane_in_row = threadIdx.x % lanes;
+  const int n0 = lane_in_row * 8;
+  const int rows_per_pass = blockDim.x / lanes;
+  const int per_value = lanes / 8;  // lanes holding each reduced value of row_sum8
+  const SrContext sr = make_sr(p, cur);
+  int saturated = 0;
+  bool nonfinite = false;
+  for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
+    float v[kStepRows][8];
+    float scale[kStepRows];
+    int prow[kStepRows];
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
+      const int pr = min(prow[r], P - 1);  // out-of-range rows compute on a duplicate, unstored
+      const int64_t row = int64_t(h) * P + pr;
+      if (flush)
+        load_rec8<kMode>(sec, row, n0, N, v[r]);
+      else
+        scale[r] = load_read8<kMode>(sec, row, n0, N, v[r]);
+    }
+    if (flush) {
+#pragma unroll
+      for (int r = 0; r < kStepRows; ++r) {
+        const int pr = min(prow[r], P - 1);
+        fold8(v[r], sm, c_fold, pr, n0, N, P);
+        const bool store = prow[r] < P;
+        nonfinite |= store && any_nonfinite(v[r]);
+        float rv[8];
+        int sat = 0;
+        // Out-of-range rows duplicate row P-1 bit for bit, so their stores are harmless; every
+        // lane must take part in encode8's row reductions.
+        scale[r] = encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr,
+                                  rv, &sat);
+        if (!store) sat = 0;
+        saturated += sat;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[r][i] = rv[i];
+      }
+    }
+    if (W == 0) continue;
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      float part[kMaxWindow];
+#pragma unroll
+      for (int j = 0; j < kMaxWindow; ++j) {
+        const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + n0);
+        const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + n0 + 4);
+        part[j] = v[r][0] * c0.x + v[r][1] * c0.y + v[r][2] * c0.z + v[r][3] * c0.w +
+                  v[r][4] * c1.x + v[r][5] * c1.y + v[r][6] * c1.z + v[r][7] * c1.w;
+      }
+      const float dotC = row_sum8(part, lane_in_row, lanes);
+      const int j = lane_in_row / per_value;
+      if (prow[r] < P && j < W && lane_in_row % per_value == 0) {
+        const int i = c_hist + j;
+        const int pr = prow[r];
+        float acc = sm.dec[j] * (scale[r] * dotC);
+        for (int k = 0; k <= i; ++k) acc += sm.w[j * L + k] * sm.hist_x[k * P + pr];
+        acc += D * sm.hist_x[i * P + pr];
+        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + pr, acc);
+      }
+    }
+  }
+  if (flush) {
+    if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+    if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
+      raise_error(p.error, kErrNonFiniteState, slot, 0);
+  }
+}
+
+// Second launch of verify / flush: ring B of the window and the cursors. One block per b.
+template <typename ActT>
+__global__ void verify_finalize_kernel(const ReplayParams p) {
+  const int b = blockIdx.x;
+  if (p.status[b] != 0) return;
+  const int slot = p.slots[b];
+  SlotCursors cur = p.cursors[slot];
+  const int W = p.tokens, L = p.L;
+  const bool flush =
+      (p.force_flush && cur.committed > 0) || (W > 0 && verify_needs_flush(cur, W, L));
+  SlotCursors after = cur;
+  if (flush) apply_flush(after, L);
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const int64_t row = int64_t(p.G) * p.N;
+  for (int j = 0; j < W; ++j) {
+    const int phys = ring_index(after, after.committed + j, L);
+    ActT* dst = static_cast<ActT*>(sec.ring_B) + phys * row;
+    const ActT* src = static_cast<const ActT*>(p.B) + (int64_t(b) * W + j) * row;
+    for (int64_t i = threadIdx.x; i < row; i += blockDim.x) dst[i] = src[i];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (W > 0) apply_verify(after, W);
+    p.cursors[slot] = after;
+    if (flush) {
+      atomicAdd(&p.stats->flushes, 1ull);
+      atomicAdd(&p.stats->checkpoint_writes, 1ull);
+    }
+  }
+}
+
+// commit: accepted [B] on the device; invalid counts raise an error and leave the slot as is.
+__global__ void commit_kernel(SlotCursors* cursors, const int32_t* slots, const int32_t* accepted,
+                              int batch, DeviceError* error) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  const int slot = slots[b];
+  if (slot < 0) return;
+  SlotCursors cur = cursors[slot];
+  if (!cur.live) {
+    raise_error(error, kErrSlotClosed, slot, 0);
+    return;
+  }
+  const int k = accepted[b];
+  if (!commit_is_valid(cur, k)) {
+    raise_error(error, kErrCommitRange, slot, k);
+    return;
+  }
+  apply_commit(cur, k);
+  cursors[slot] = cur;
+}
+
+// prefill: fold the committed entries, run the T tokens through the fp32 recurrence (y for each),
+// encode the result. One block per (b, h); the cursors are advanced by prefill_finalize_kernel.
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParams p) {
+  extern __shared__ float4 smem_raw[];
+  const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  if (p.status[b] != 0) return;
+  const int slot = p.slots[b];
+  const SlotCursors cur = p.cursors[slot];
+  const int T = p.tokens, N = p.N, P = p.P, H = p.H, G = p.G;
+  const int g = h / (H / G);
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
+  stage_fold<ActT>(p, sec, cur, cur.committed, h, g, sm);
+  __syncthreads();
+  const float A = p.head.A[h], D = p.head.D[h];
+  const int lanes = p.lanes_per_row;
+  const int lane_in_row = threadIdx.x % lanes;
+  const int n0 = lane_in_row * 8;
+  const int rows_per_pass = blockDim.x / lanes;
+  const SrContext sr = make_sr(p, cur);
+  int saturated = 0;
+  bool nonfinite = false;
+  for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
+    float v[kStepRows][8];
+    int prow[kStepRows];
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
+      const int pr = min(prow[r], P - 1);
+      load_rec8<kMode>(sec, int64_t(h) * P + pr, n0, N, v[r]);
+      fold8(v[r], sm, cur.committed, pr, n0, N, P);
+    }
+    for (int t = 0; t < T; ++t) {
+      const int64_t bt = int64_t(b) * T + t;
+      const float delta =
+          process_dt(p.dt[bt * H + h], p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+      const float a = expf(delta * A);
+      float Bv[8], Cv[8];
+      load8(static_cast<const ActT*>(p.B) + (bt * G + g) * N + n0, Bv);
+      load8(static_cast<const ActT*>(p.C) + (bt * G + g) * N + n0, Cv);
+      const ActT* x = static_cast<const ActT*>(p.x) + (bt * H + h) * P;
+#pragma unroll
+      for (int r = 0; r < kStepRows; ++r) {
+        const int pr = min(prow[r], P - 1);
+        const float xv = to_f32(x[pr]);
+        const float dx = delta * xv;
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          v[r][i] = a * v[r][i] + dx * Bv[i];
+          acc += v[r][i] * Cv[i];
+        }
+        acc = row_sum(acc, lanes);
+        if (prow[r] < P && lane_in_row == 0)
+          store_scalar(p.y, p.y_dtype, (bt * H + h) * P + pr, acc + D * xv);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      const int pr = min(prow[r], P - 1);
+      nonfinite |= prow[r] < P && any_nonfinite(v[r]);
+      float rv[8];
+      int sat = 0;
+      // Duplicated out-of-range rows write the same values as row P-1: harmless.
+      encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr, rv, &sat);
+      if (prow[r] < P) saturated += sat;
+    }
+  }
+  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+  if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
+    raise_error(p.error, kErrNonFiniteState, slot, 0);
+}
+
+// After prefill: the committed entries are folded and the checkpoint written.
+__global__ void prefill_finalize_kernel(const ReplayParams p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= p.batch || p.status[b] != 0) return;
+  const int slot = p.slots[b];
+  SlotCursors cur = p.cursors[slot];
+  cur.origin = (cur.origin + cur.committed) & (p.L - 1);
+  cur.committed = 0;
+  cur.pending = 0;
+  cur.flush_index += 1;
+  p.cursors[slot] = cur;
+  atomicAdd(&p.stats->checkpoint_writes, 1ull);
+}
+
+// state(slot, at): dense [H, P, N] fp32 = fold(decode(rec), entries 0..at-1). Block per head.
+// import (encode = true): encodes dense into the slot's checkpoint(s) instead.
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kStepThreads) dense_kernel(const ReplayParams p, int slot,
+                                                             bool encode) {
+  extern __shared__ float4 smem_raw[];
+  const int h = blockIdx.x;
+  const SlotCursors cur = p.cursors[slot];
+  const int N = p.N, P = p.P, H = p.H, G = p.G;
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
+  const int at = encode ? 0 : p.at;
+  if (!encode) stage_fold<ActT>(p, sec, cur, at, h, h / (H / G), sm);
+  __syncthreads();
+  const int lanes = p.lanes_per_row;
+  const int lane_in_row = threadIdx.x % lanes;
+  const int n0 = lane_in_row * 8;
+  const int rows_per_pass = blockDim.x / lanes;
+  const SrContext sr = make_sr(p, cur);
+  int saturated = 0;
+  bool nonfinite = false;
+  for (int base = 0; base < P; base += rows_per_pass) {
+    const int prow = base + threadIdx.x / lanes;
+    const int pr = min(prow, P - 1);
+    const int64_t row = int64_t(h) * P + pr;
+    float v[8];
+    if (encode) {
+      load8(p.dense + row * N + n0, v);
+      nonfinite |= prow < P && any_nonfinite(v);
+      float rv[8];
+      int sat = 0;
+      encode8<kMode>(sec, row, n0, N, lane_in_row, lanes, v, sr, rv, &sat);
+      if (prow < P) saturated += sat;
+    } else {
+      load_rec8<kMode>(sec, row, n0, N, v);
+      fold8(v, sm, at, pr, n0, N, P);
+      if (prow < P) store8_f32(p.dense + row * N + n0, v);
+    }
+  }
+  if (encode) {
+    if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+    if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
+      raise_error(p.error, kErrNonFiniteState, slot, 0);
+  }
+}
+
+// Sets one slot's cursors (open, release, fork) without a host round trip.
+__global__ void set_cursors_kernel(SlotCursors* cursors, int slot, SlotCursors value) {
+  cursors[slot] = value;
+}
+
+// fork: dst's cursors = src's with a new request id.
+__global__ void fork_cursors_kernel(SlotCursors* cursors, int src, int dst, uint64_t request_id) {
+  SlotCursors c = cursors[src];
+  c.request_id = request_id;
+  cursors[dst] = c;
+}
+
+}  // namespace replayssm::cuda
