@@ -27,8 +27,8 @@ bool backend_available(BackendKind kind);  // cuda: built with CUDA and a device
 
 struct CacheConfig {
   Mode mode = Mode::fp32;
-  int history = 16;     // ring capacity L, a power of two
-  int max_window = 8;   // largest verify window W (1 + drafts), <= history / 2
+  int history = 16;    // ring capacity L, a power of two
+  int max_window = 8;  // largest verify window W (1 + drafts), <= history / 2
   int num_slots = 1;
   DType activation_dtype = DType::bf16;  // ring x and B; bf16 or fp32
   int sr_bits = 7;                       // random bits of stochastic rounding, 1..13
@@ -55,6 +55,7 @@ struct CacheStats {
   uint64_t flushes = 0;            // checkpoint writes by flush (prefill and import not counted)
   uint64_t saturated = 0;          // elements clamped to +-65504 by an fp16 encode
   uint64_t checkpoint_writes = 0;  // all checkpoint writes (flush, prefill, import)
+  uint64_t nonfinite = 0;  // Inf/NaN fold results, written as +-max float / 0 before encoding
 };
 
 class CacheBackend;  // src/cache/backend.h

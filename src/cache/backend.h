@@ -43,8 +43,7 @@ class CacheBackend {
 
   virtual void prefill(const TokenBatch& batch) = 0;
   virtual void verify(const TokenBatch& batch) = 0;
-  virtual void commit(const int32_t* slots /*[B]*/, const int32_t* accepted /*[B]*/,
-                      int batch) = 0;
+  virtual void commit(const int32_t* slots /*[B]*/, const int32_t* accepted /*[B]*/, int batch) = 0;
   virtual void flush(const int32_t* slots /*[B]*/, int batch) = 0;
 
   virtual void state(int slot, int at, float* out /*[H,P,N] host*/) const = 0;

@@ -1,0 +1,387 @@
+// Numeric formats of the checkpoints (SPEC sections 5 and 6): scalar conversions between fp32 and
+// bf16 / fp16 / fp8 e4m3 / int8 / fp4 e2m1, stochastic rounding to fp16, and the row-scaled codecs.
+//
+// Every function here is compiled for both the CPU reference and the CUDA kernels, and the two
+// must produce identical bits. Hence: all rounding decisions are made on integer bit patterns,
+// the few float operations are written out one per statement in a fixed order and go through
+// mul_rn/div_rn (round-to-nearest on both sides, never contracted into an FMA), and no library
+// call is used that exists on only one side. See docs/formats.md for the rules in prose.
+#pragma once
+
+#include <cstdint>
+
+#include "core/hd.h"
+
+namespace replayssm {
+
+// ---------------------------------------------------------------------------------------------
+// Bit casts and exactly rounded float arithmetic shared by host and device.
+
+RSSM_HD uint32_t f32_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  __builtin_memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+
+RSSM_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  __builtin_memcpy(&x, &u, sizeof(x));
+  return x;
+#endif
+}
+
+namespace detail {
+
+// IEEE round-to-nearest product / quotient. The device intrinsics pin the rounding even under
+// --use_fast_math and forbid FMA contraction, so the kernel matches the host bit for bit.
+RSSM_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+RSSM_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+RSSM_HD float abs_f32(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
+
+RSSM_HD bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// Magnitude `mant * 2^-shift` rounded to an integer, nearest-even. `mant` < 2^24, shift >= 1.
+// Used for every result that lands in the subnormal range of the narrow format, where the
+// discarded field is wider than the normal case.
+RSSM_HD uint32_t rne_shift(uint32_t mant, int shift) {
+  if (shift > 24) return 0;  // mant * 2^-shift < 2^24 * 2^-25 = 1/2: rounds to zero
+  const uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+
+// fp32 magnitude bits `a` (finite, sign cleared) as (mantissa with implicit bit, exponent) such
+// that value = mant * 2^(e - 150); fp32 subnormals use e = 1 without the implicit bit.
+RSSM_HD uint32_t f32_mant(uint32_t a) { return (a >> 23) ? ((a & 0x7fffffu) | 0x800000u) : a; }
+RSSM_HD int f32_exp(uint32_t a) { return (a >> 23) ? static_cast<int>(a >> 23) : 1; }
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// bf16: fp32 with the low 16 bits dropped.
+
+// Round-to-nearest-even; overflow rounds to Inf as IEEE does; NaN keeps sign and top payload
+// bits with the quiet bit set.
+RSSM_HD uint16_t f32_to_bf16(float x) {
+  uint32_t u = f32_bits(x);
+  if (detail::is_nan_bits(u)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  // Adding 0x7fff plus the result's lsb carries into bit 16 exactly when the discarded half is
+  // above the midpoint, or at it with an odd result; a carry out of the mantissa bumps the
+  // exponent, which is the correct rounded value (up to Inf).
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+RSSM_HD float bf16_to_f32(uint16_t b) { return bits_f32(static_cast<uint32_t>(b) << 16); }
+
+// ---------------------------------------------------------------------------------------------
+// fp16 (IEEE binary16): 1 sign, 5 exponent (bias 15), 10 mantissa bits.
+
+RSSM_HD float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  uint32_t m = h & 0x3ffu;
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));  // Inf, NaN (payload kept)
+  if (e != 0) return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+  if (m == 0) return bits_f32(sign);
+  // Subnormal m * 2^-24: normalise so the leading one becomes the implicit bit.
+  int ex = 113;  // biased fp32 exponent of 2^-14 (the value if m had its leading one at bit 10)
+  while ((m & 0x400u) == 0) {
+    m <<= 1;
+    --ex;
+  }
+  return bits_f32(sign | (static_cast<uint32_t>(ex) << 23) | ((m & 0x3ffu) << 13));
+}
+
+// Round-to-nearest-even. |x| >= 65520 (the midpoint between 65504 and 2^16, which ties to the
+// even 2^16) becomes Inf; NaN keeps sign and top payload bits with the quiet bit set.
+RSSM_HD uint16_t f32_to_f16(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and above
+  if (a >= 0x38800000u) {                                              // >= 2^-14: normal
+    uint32_t h = (a >> 13) - (112u << 10);
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may reach the exponent
+    return static_cast<uint16_t>(sign | h);
+  }
+  // Subnormal result m * 2^-24 with m = mant * 2^(e - 126); 2^-14 rounds up to 0x400 naturally.
+  const int shift = 126 - detail::f32_exp(a);
+  return static_cast<uint16_t>(sign | detail::rne_shift(detail::f32_mant(a), shift));
+}
+
+// Stochastic rounding to fp16 with r_bits (1..13) random bits, SPEC section 6.
+//
+// Let f in [0,1) be the magnitude's discarded fraction of one result ulp (the low 13 fp32 bits
+// for normal results; a wider field for subnormal results, and the whole value for magnitudes
+// below the smallest subnormal 2^-24, whose truncation is 0). With R = random & (2^r - 1) the
+// half-LSB rule rounds up iff f + R/2^r + 1/2^(r+1) >= 1. Multiplying by 2^(r+1) gives
+// t + 2R + 1 >= 2^(r+1) with t = floor(f * 2^(r+1)): the left side changes in steps of 2^-(r+1),
+// so the discarded bits below the top r+1 cannot affect the outcome and the test is exact with
+// one guard bit beyond the random bits (this also covers the 13-bit field with r = 13, where the
+// half-LSB lies below the fp32 lsb). Of the 2^r values of R exactly floor(f*2^r + 1/2) round up,
+// so the mean is within 2^-(r+1) ulp of x.
+//
+// |x| > 65504 (including Inf) saturates to +-65504 and sets *saturated (never cleared here); the
+// flag depends only on x, not on the random bits. NaN gives a quiet NaN with the sign kept.
+RSSM_HD uint16_t f32_to_f16_sr(float x, uint32_t random, int r_bits, bool* saturated = nullptr) {
+  const uint32_t u = f32_bits(x);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a > 0x477fe000u) {  // above 65504, Inf included
+    if (saturated != nullptr) *saturated = true;
+    return static_cast<uint16_t>(sign | 0x7bffu);
+  }
+  const uint32_t rmask = (1u << r_bits) - 1u;
+  const uint32_t rnd = random & rmask;
+  uint32_t q;  // truncated magnitude in result ulps (fp16 bits without sign)
+  uint32_t t;  // top r+1 bits of the discarded field
+  if (a >= 0x38800000u) {
+    q = (a >> 13) - (112u << 10);
+    const uint32_t rem = a & 0x1fffu;  // 13-bit field
+    t = (r_bits + 1 <= 13) ? (rem >> (13 - r_bits - 1)) : (rem << 1);
+  } else {
+    const uint32_t mant = detail::f32_mant(a);
+    const int shift = 126 - detail::f32_exp(a);  // field width, >= 14
+    q = (shift < 32) ? (mant >> shift) : 0u;
+    const uint32_t rem = (shift < 32) ? (mant & ((1u << shift) - 1u)) : mant;
+    const int drop = shift - r_bits - 1;  // >= 0 because shift >= 14 >= r_bits + 1
+    t = (drop < 32) ? (rem >> drop) : 0u;
+  }
+  q += (t + 2u * rnd + 1u) >> (r_bits + 1);  // 0 or 1; a carry into the exponent is correct
+  // q <= 0x7c00 here; 0x7c00 only arises from |x| in (65504, ...] which was caught above.
+  return static_cast<uint16_t>(sign | q);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp8 e4m3 "fn" (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no Inf; S.1111.111 is NaN.
+// Largest finite 448 = 1.75 * 2^8, smallest normal 2^-6, smallest subnormal 2^-9.
+
+constexpr float kE4m3Max = 448.f, kInt8Max = 127.f, kE2m1Max = 6.f;
+
+// Round-to-nearest-even; finite overflow and +-Inf saturate to +-448 (0x7e/0xfe); NaN -> 0x7f
+// with the sign kept (0xff for negative NaN); -0 -> 0x80.
+RSSM_HD uint8_t f32_to_e4m3(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  uint32_t c;
+  if (a >= 0x3c800000u) {                                             // >= 2^-6: normal
+    if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and Inf)
+    c = (a >> 20) - (120u << 3);
+    const uint32_t rem = a & 0xfffffu;
+    // Below 448 the truncated code is at most 0x7d (416), so rounding up reaches at most 0x7e
+    // and never the NaN pattern 0x7f.
+    if (rem > 0x80000u || (rem == 0x80000u && (c & 1u))) ++c;
+  } else {
+    // Subnormal result m * 2^-9 with m = mant * 2^(e - 141); 2^-6 rounds up to 0x08 naturally.
+    c = detail::rne_shift(detail::f32_mant(a), 141 - detail::f32_exp(a));
+  }
+  return static_cast<uint8_t>(sign | c);
+}
+
+RSSM_HD float e4m3_to_f32(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t e = (c >> 3) & 0xfu;
+  const uint32_t m = c & 7u;
+  if (e == 15 && m == 7) return bits_f32(sign | 0x7fc00000u);
+  if (e != 0) return bits_f32(sign | ((e + 120u) << 23) | (m << 20));
+  // Subnormal m * 2^-9: exact as an fp32 product of two exactly representable factors.
+  return bits_f32(sign | f32_bits(static_cast<float>(m) * 0.001953125f));
+}
+
+// ---------------------------------------------------------------------------------------------
+// int8, symmetric: round-to-nearest-even, clamp to [-127, 127] (-128 unused), NaN -> 0.
+
+RSSM_HD int8_t f32_to_int8(float x) {
+  if (detail::is_nan_bits(f32_bits(x))) return 0;
+  if (x >= 127.f) return 127;
+  if (x <= -127.f) return -127;
+#if defined(__CUDA_ARCH__)
+  return static_cast<int8_t>(__float2int_rn(x));  // RNE, same result as the host path
+#else
+  // |x| < 127: adding 1.5 * 2^23 puts the sum in [2^23, 2^24) where the fp32 ulp is 1, so the
+  // addition itself rounds x to the nearest integer, ties to even; the subtraction is exact.
+  // (IEEE semantics forbid folding (x + c) - c; the build never uses -ffast-math.)
+  constexpr float kMagic = 12582912.f;
+  float t = x + kMagic;
+  t = t - kMagic;
+  return static_cast<int8_t>(t);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp4 e2m1: code bit 3 = sign, bits 2..0 index the magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}
+// (2 exponent bits, bias 1, 1 mantissa bit; index 1 is the subnormal 0.5).
+
+// Round-to-nearest-even: each tie goes to the even index (0.25->0, 0.75->1, 1.25->1, 1.75->2,
+// 2.5->2, 3.5->4, 5->4); |x| > 5 and Inf saturate to 6; NaN -> 0 (code 0); zeros keep the sign.
+RSSM_HD uint8_t f32_to_e2m1(float x) {
+  const uint32_t u = f32_bits(x);
+  if (detail::is_nan_bits(u)) return 0;
+  const uint8_t sign = static_cast<uint8_t>((u >> 28) & 0x8u);
+  const float a = detail::abs_f32(x);
+  uint8_t i;
+  if (a <= 0.25f) {
+    i = 0;
+  } else if (a < 0.75f) {
+    i = 1;
+  } else if (a <= 1.25f) {
+    i = 2;
+  } else if (a < 1.75f) {
+    i = 3;
+  } else if (a <= 2.5f) {
+    i = 4;
+  } else if (a < 3.5f) {
+    i = 5;
+  } else if (a <= 5.f) {
+    i = 6;
+  } else {
+    i = 7;
+  }
+  return static_cast<uint8_t>(sign | i);
+}
+
+RSSM_HD float e2m1_to_f32(uint8_t code) {
+  const uint32_t sign = static_cast<uint32_t>(code & 0x8u) << 28;
+  const uint32_t e = (code >> 1) & 3u;
+  const uint32_t m = code & 1u;
+  if (e == 0) return bits_f32(sign | (m ? 0x3f000000u : 0u));  // 0 or 0.5
+  return bits_f32(sign | ((e + 126u) << 23) | (m << 22));      // (1 + m/2) * 2^(e-1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row-scaled codecs for one (head, headdim) row of n = dstate values.
+//
+// Common rules. amax = max |row[i]|, scanned in index order; a NaN element makes amax NaN (it is
+// sticky), so a NaN row reports a NaN scale and an Inf row an Inf scale: the caller (the flush)
+// checks the returned scale and reports; the codes are then deterministic but meaningless.
+// Rows with amax < kMinRowAmax, zero rows included, are stored as zero rows (scale 0, codes 0):
+// this keeps 448/amax, 2688/amax and the block factor g/bs finite, so a zero element can never
+// become 0*Inf = NaN; such values are far below anything fp16 can hold.
+constexpr float kMinRowAmax = 0x1p-100f;
+
+namespace detail {
+RSSM_HD float row_amax(const float* row /*[n]*/, int n) {
+  float amax = 0.f;
+  for (int i = 0; i < n; ++i) {
+    const float a = abs_f32(row[i]);
+    if (a > amax || a != a) amax = a;  // once NaN, no comparison is true: NaN stays
+  }
+  return amax;
+}
+RSSM_HD bool is_zero_row(float amax) { return amax < kMinRowAmax; }  // false for NaN
+}  // namespace detail
+
+// Float-op order: amax as above; scale = amax / 448 (rounded); inv = 448 / amax (rounded);
+// codes[i] = f32_to_e4m3(row[i] * inv) (product rounded, then RNE/saturate). Returns scale.
+RSSM_HD float encode_row_e4m3(const float* row /*[n]*/, int n, uint8_t* codes /*[n]*/) {
+  const float amax = detail::row_amax(row, n);
+  if (detail::is_zero_row(amax)) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    return 0.f;
+  }
+  const float inv = detail::div_rn(kE4m3Max, amax);
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_e4m3(detail::mul_rn(row[i], inv));
+  return detail::div_rn(amax, kE4m3Max);
+}
+
+// out[i] = e4m3_to_f32(codes[i]) * scale (one rounding).
+RSSM_HD void decode_row_e4m3(const uint8_t* codes /*[n]*/, float scale, int n, float* out /*[n]*/) {
+  for (int i = 0; i < n; ++i) out[i] = detail::mul_rn(e4m3_to_f32(codes[i]), scale);
+}
+
+// Float-op order: scale = amax / 127; inv = 127 / amax; codes[i] = f32_to_int8(row[i] * inv).
+RSSM_HD float encode_row_int8(const float* row /*[n]*/, int n, int8_t* codes /*[n]*/) {
+  const float amax = detail::row_amax(row, n);
+  if (detail::is_zero_row(amax)) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    return 0.f;
+  }
+  const float inv = detail::div_rn(kInt8Max, amax);
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_int8(detail::mul_rn(row[i], inv));
+  return detail::div_rn(amax, kInt8Max);
+}
+
+// out[i] = float(codes[i]) * scale (the conversion is exact, one rounding).
+RSSM_HD void decode_row_int8(const int8_t* codes /*[n]*/, float scale, int n, float* out /*[n]*/) {
+  for (int i = 0; i < n; ++i) out[i] = detail::mul_rn(static_cast<float>(codes[i]), scale);
+}
+
+// NVFP4 (n a multiple of 16). Float-op order:
+//   g = 2688 / amax                       (2688 = 448 * 6; rounded)
+//   per block b of 16: bamax = max |row| over the block (same scan rule as amax)
+//     s = bamax / 6 ; s = s * g           (two roundings)  ; block_scales[b] = f32_to_e4m3(s)
+//     d = e4m3_to_f32(block_scales[b])    (exact)
+//     d > 0: k = g / d (rounded); code = f32_to_e2m1(row[i] * k) (product rounded)
+//     d == 0 (the block scale underflowed e4m3): codes 0, so the block decodes to zero
+//   returns amax / 2688 (rounded directly, not 1/g, to avoid a second rounding)
+// Codes are packed two per byte, element 2j in the low nibble, 2j+1 in the high nibble.
+RSSM_HD float encode_row_nvfp4(const float* row /*[n]*/, int n, uint8_t* packed /*[n/2]*/,
+                               uint8_t* block_scales /*[n/16]*/) {
+  const float amax = detail::row_amax(row, n);
+  if (detail::is_zero_row(amax)) {
+    for (int i = 0; i < n / 2; ++i) packed[i] = 0;
+    for (int b = 0; b < n / 16; ++b) block_scales[b] = 0;
+    return 0.f;
+  }
+  constexpr float kGlobal = kE4m3Max * kE2m1Max;  // 2688, exact
+  const float g = detail::div_rn(kGlobal, amax);
+  for (int b = 0; b < n / 16; ++b) {
+    const float* blk = row + 16 * b;
+    float s = detail::div_rn(detail::row_amax(blk, 16), kE2m1Max);
+    s = detail::mul_rn(s, g);
+    const uint8_t bs = f32_to_e4m3(s);
+    block_scales[b] = bs;
+    const float d = e4m3_to_f32(bs);
+    const bool live = d > 0.f;  // false for 0 and for NaN (a NaN row)
+    const float k = live ? detail::div_rn(g, d) : 0.f;
+    for (int j = 0; j < 16; j += 2) {
+      const uint8_t lo = live ? f32_to_e2m1(detail::mul_rn(blk[j], k)) : 0;
+      const uint8_t hi = live ? f32_to_e2m1(detail::mul_rn(blk[j + 1], k)) : 0;
+      packed[(16 * b + j) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+  return detail::div_rn(amax, kGlobal);
+}
+
+// out[i] = (e2m1(code_i) * e4m3(bs)) * row_scale: the first product is exact (2 x 4 significant
+// bits), the second rounds once.
+RSSM_HD void decode_row_nvfp4(const uint8_t* packed /*[n/2]*/,
+                              const uint8_t* block_scales /*[n/16]*/, float row_scale, int n,
+                              float* out /*[n]*/) {
+  for (int i = 0; i < n; ++i) {
+    const uint8_t byte = packed[i / 2];
+    const uint8_t code = static_cast<uint8_t>((i & 1) ? (byte >> 4) : (byte & 0xfu));
+    const float v = detail::mul_rn(e2m1_to_f32(code), e4m3_to_f32(block_scales[i / 16]));
+    out[i] = detail::mul_rn(v, row_scale);
+  }
+}
+
+}  // namespace replayssm
