@@ -50,10 +50,10 @@ template <typename F>
 void dispatch(Mode mode, DType act, F&& f) {
   auto with_act = [&](auto mode_tag) {
     constexpr Mode kMode = decltype(mode_tag)::value;
-    if (act == DType::bf16)
-      f.template operator()<kMode, __nv_bfloat16>();
-    else
+    if (act == DType::f32)
       f.template operator()<kMode, float>();
+    else
+      f.template operator()<kMode, uint16_t>();  // bf16 or fp16, told apart by act_f16
   };
   switch (mode) {
     case Mode::fp32:
@@ -90,8 +90,9 @@ const char* error_text(int32_t code) {
       return "NaN or Inf in the inputs (x, B, C or dt); the slot was left unchanged";
     case cuda::kErrCommitRange:
       return "commit count outside 1..pending; the slot was left unchanged";
-    case cuda::kErrNonFiniteState:
-      return "a checkpoint write met NaN or Inf state values";
+    case cuda::kErrPending:
+      return "the slot has uncommitted entries from its last verify; commit them first (the slot "
+             "was left unchanged)";
     default:
       return "unknown device error";
   }
@@ -111,9 +112,6 @@ class CudaBackend final : public CacheBackend {
           " exceeds ", cuda::kMaxWindow);
     check(config.history <= cuda::kMaxHistory, "cuda backend: history ", config.history,
           " exceeds ", cuda::kMaxHistory);
-    check(config.activation_dtype == DType::bf16 || config.activation_dtype == DType::f32,
-          "cuda backend: activation dtype ", dtype_name(config.activation_dtype),
-          " is not supported (bf16 or fp32)");
     int devices = 0;
     check(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
           "cuda backend: no CUDA device is available");
@@ -140,6 +138,7 @@ class CudaBackend final : public CacheBackend {
     base_.G = shape.ngroups;
     base_.L = config.history;
     base_.lanes_per_row = N / 8;
+    base_.act_f16 = config.activation_dtype == DType::f16;
     base_.key = philox_key(config.seed, config.layer);
     base_.sr_bits = config.sr_bits;
     base_.philox_rounds = config.philox_rounds;
@@ -164,6 +163,7 @@ class CudaBackend final : public CacheBackend {
     RSSM_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(DeviceError)));
     std::string detail;
     if (err.code == cuda::kErrCommitRange) detail = ", accepted " + std::to_string(err.value);
+    if (err.code == cuda::kErrPending) detail = ", pending " + std::to_string(err.value);
     fail("cuda backend: ", error_text(err.code), " (slot ", err.slot, detail, "; ", err.count,
          " device-side error(s) since the last synchronising call)");
   }
@@ -171,8 +171,7 @@ class CudaBackend final : public CacheBackend {
   void open(int slot, uint64_t request_id) override {
     check_slot(slot);
     RSSM_CUDA_CHECK(cudaMemsetAsync(slot_ptr(slot), 0, layout_.total, stream_));
-    cuda::set_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), slot,
-                                                   fresh_cursors(request_id));
+    cuda::set_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), slot, fresh_cursors(request_id));
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -195,8 +194,7 @@ class CudaBackend final : public CacheBackend {
     check_slot(slot);
     synchronize();
     SlotCursors c;
-    RSSM_CUDA_CHECK(
-        cudaMemcpy(&c, cursors_.get() + slot, sizeof(c), cudaMemcpyDeviceToHost));
+    RSSM_CUDA_CHECK(cudaMemcpy(&c, cursors_.get() + slot, sizeof(c), cudaMemcpyDeviceToHost));
     return c;
   }
 
@@ -208,8 +206,7 @@ class CudaBackend final : public CacheBackend {
     dispatch(config_.mode, act, [&]<Mode kMode, typename ActT>() {
       cuda::validate_tokens_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
       allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_);
-      cuda::prefill_kernel<kMode, ActT>
-          <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+      cuda::prefill_kernel<kMode, ActT><<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
     });
     cuda::prefill_finalize_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -232,8 +229,10 @@ class CudaBackend final : public CacheBackend {
 
   void commit(const int32_t* slots, const int32_t* accepted, int batch) override {
     if (batch == 0) return;
+    slots = device_ints(slots, batch, staged_slots_);
+    accepted = device_ints(accepted, batch, staged_accepted_);
     cuda::commit_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(cursors_.get(), slots, accepted,
-                                                                   batch, error_.get());
+                                                                  batch, error_.get());
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -241,7 +240,7 @@ class CudaBackend final : public CacheBackend {
     if (batch == 0) return;
     ensure_status(batch);
     ReplayParams p = base_;
-    p.slots = slots;
+    p.slots = device_ints(slots, batch, staged_slots_);
     p.batch = batch;
     p.tokens = 0;
     p.force_flush = true;
@@ -316,6 +315,7 @@ class CudaBackend final : public CacheBackend {
     s.flushes = d.flushes;
     s.saturated = d.saturated;
     s.checkpoint_writes = d.checkpoint_writes + writes_by_import_;
+    s.nonfinite = d.nonfinite;
     return s;
   }
 
@@ -333,13 +333,36 @@ class CudaBackend final : public CacheBackend {
     status_capacity_ = batch;
   }
 
+  struct Staging {
+    DevicePtr<int32_t> buffer;
+    int capacity = 0;
+  };
+
+  // Slot lists and accepted counts may be in host memory (the facade allows it): they are copied
+  // to a staging buffer in stream order. Device arrays (the graph-capturable path) pass through.
+  const int32_t* device_ints(const int32_t* values, int count, Staging& staging) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, values) == cudaSuccess &&
+        (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged))
+      return values;
+    (void)cudaGetLastError();
+    if (count > staging.capacity) {
+      RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      staging.buffer.reset(device_alloc<int32_t>(size_t(count)));
+      staging.capacity = count;
+    }
+    RSSM_CUDA_CHECK(cudaMemcpyAsync(staging.buffer.get(), values, size_t(count) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    return staging.buffer.get();
+  }
+
   ReplayParams token_params(const TokenBatch& batch) {
     check(batch.y_dtype == DType::f32 || batch.y_dtype == config_.activation_dtype,
           "cuda backend: y dtype ", dtype_name(batch.y_dtype), " must be f32 or the activation",
           " dtype");
     ensure_status(batch.batch);
     ReplayParams p = base_;
-    p.slots = batch.slots;
+    p.slots = device_ints(batch.slots, batch.batch, staged_slots_);
     p.batch = batch.batch;
     p.tokens = batch.tokens;
     p.x = batch.x;
@@ -372,6 +395,7 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<float> dense_;
   DevicePtr<int32_t> status_;
   int status_capacity_ = 0;
+  Staging staged_slots_, staged_accepted_;
   uint64_t writes_by_import_ = 0;
   ReplayParams base_;
   size_t smem_ = 0;
@@ -384,7 +408,7 @@ std::unique_ptr<CacheBackend> make_cuda_backend(const SsmShape& shape, const Lay
   return std::make_unique<CudaBackend>(shape, params, config);
 }
 
-bool cuda_device_present() {
+bool cuda_device_available() {
   int devices = 0;
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }

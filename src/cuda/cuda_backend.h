@@ -20,7 +20,7 @@ std::unique_ptr<CacheBackend> make_cuda_backend(const SsmShape& shape, const Lay
                                                 const CacheConfig& config);
 
 // True when a CUDA device can be used.
-bool cuda_device_present();
+bool cuda_device_available();
 
 // The stream a CUDA backend runs on (capture verify + commit on it to build a graph), and a
 // synchronisation that throws the first pending device-side error. `backend` must come from

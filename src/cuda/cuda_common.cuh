@@ -13,12 +13,12 @@
 #include "replayssm/error.h"
 #include "replayssm/types.h"
 
-#define RSSM_CUDA_CHECK(expr)                                                            \
-  do {                                                                                   \
-    const cudaError_t rssm_status_ = (expr);                                             \
-    if (rssm_status_ != cudaSuccess)                                                     \
-      ::replayssm::fail("CUDA error '", cudaGetErrorString(rssm_status_), "' at ",       \
-                        __FILE__, ":", __LINE__, " in ", #expr);                         \
+#define RSSM_CUDA_CHECK(expr)                                                                     \
+  do {                                                                                            \
+    const cudaError_t rssm_status_ = (expr);                                                      \
+    if (rssm_status_ != cudaSuccess)                                                              \
+      ::replayssm::fail("CUDA error '", cudaGetErrorString(rssm_status_), "' at ", __FILE__, ":", \
+                        __LINE__, " in ", #expr);                                                 \
   } while (0)
 
 namespace replayssm::cuda {
@@ -80,6 +80,28 @@ __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
   }
 }
 
+// Activations of the replay cache: fp32, or 16-bit storage that is bf16 or fp16 by a runtime flag
+// (one instantiation for both 16-bit types).
+template <typename ActT>
+__device__ __forceinline__ float act_f32(ActT v, bool f16) {
+  if constexpr (sizeof(ActT) == 4) {
+    return v;
+  } else {
+    return f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(uint32_t(v) << 16);
+  }
+}
+
+template <typename ActT>
+__device__ __forceinline__ void load8_act(const ActT* p, bool f16, float (&out)[8]) {
+  if constexpr (sizeof(ActT) == 4) {
+    load8(p, out);
+  } else if (f16) {
+    load8(reinterpret_cast<const __half*>(p), out);
+  } else {
+    load8(reinterpret_cast<const __nv_bfloat16*>(p), out);
+  }
+}
+
 // Eight raw 16-bit codes.
 __device__ __forceinline__ void load8_u16(const void* p, uint16_t (&out)[8]) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
@@ -133,7 +155,9 @@ __device__ __forceinline__ float row_sum(float v, int lanes) {
 }
 
 // NaN-sticky max of magnitudes, the rule of formats.h's row_amax (max is order independent).
-__device__ __forceinline__ float amax_combine(float m, float a) { return (a > m || a != a) ? a : m; }
+__device__ __forceinline__ float amax_combine(float m, float a) {
+  return (a > m || a != a) ? a : m;
+}
 __device__ __forceinline__ float row_amax(float m, int lanes) {
   for (int o = lanes >> 1; o > 0; o >>= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;

@@ -13,10 +13,10 @@ namespace replayssm::cuda {
 
 // Byte offsets of one slot's sections (SlotLayout) and the row geometry.
 struct SlotGeometry {
-  uint8_t* storage;    // [num_slots, slot_bytes]
+  uint8_t* storage;  // [num_slots, slot_bytes]
   size_t slot_bytes;
   size_t offset[SlotLayout::kSections];
-  int N;               // dstate
+  int N;  // dstate
 };
 
 struct SlotSections {

@@ -34,15 +34,14 @@ constexpr bool bf16_readout(Mode mode) {
 // Error codes of the device error word (docs/cuda.md).
 enum DeviceErrorCode : int32_t {
   kErrNone = 0,
-  kErrSlotClosed = 1,     // operation on a slot that is not open
-  kErrNonFiniteInput = 2, // NaN/Inf in x, B, C or dt
-  kErrCommitRange = 3,    // accepted outside 1..pending
-  kErrNonFiniteState = 4, // a checkpoint write met NaN/Inf (written anyway, see docs)
-  kErrStateRange = 5,     // state(at) with at > committed
+  kErrSlotClosed = 1,      // operation on a slot that is not open
+  kErrNonFiniteInput = 2,  // NaN/Inf in x, B, C or dt
+  kErrCommitRange = 3,     // accepted outside 1..pending
+  kErrPending = 4,         // verify / prefill while the last verify is not committed
 };
 
 struct DeviceError {
-  int32_t code;   // first error since the last check
+  int32_t code;  // first error since the last check
   int32_t slot;
   int32_t value;  // offending value (accepted count, ...)
   int32_t count;  // errors since the last check
@@ -52,6 +51,7 @@ struct DeviceStats {
   unsigned long long flushes;
   unsigned long long saturated;
   unsigned long long checkpoint_writes;
+  unsigned long long nonfinite;
 };
 
 __device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int32_t slot,
@@ -65,22 +65,23 @@ __device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int3
 
 struct ReplayParams {
   SlotGeometry geo;
-  SlotCursors* cursors;   // [num_slots]
-  int32_t* status;        // [B] 0 = this slot takes part in the operation
+  SlotCursors* cursors;  // [num_slots]
+  int32_t* status;       // [B] 0 = this slot takes part in the operation
   DeviceError* error;
   DeviceStats* stats;
-  const int32_t* slots;   // [B]
+  const int32_t* slots;  // [B]
   int batch;
-  int tokens;             // W (verify) or T (prefill); 0 for an explicit flush
-  const void* x;          // [B, T, H, P] activation dtype
-  const void* B;          // [B, T, G, N] activation dtype
-  const void* C;          // [B, T, G, N] activation dtype
-  const float* dt;        // [B, T, H]
-  void* y;                // [B, T, H, P] y_dtype
+  int tokens;       // W (verify) or T (prefill); 0 for an explicit flush
+  const void* x;    // [B, T, H, P] activation dtype
+  const void* B;    // [B, T, G, N] activation dtype
+  const void* C;    // [B, T, G, N] activation dtype
+  const float* dt;  // [B, T, H]
+  void* y;          // [B, T, H, P] y_dtype
   DType y_dtype;
-  bool force_flush;       // explicit flush: fold whatever is committed
+  bool force_flush;  // explicit flush: fold whatever is committed
+  bool act_f16;      // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
-  int lanes_per_row;      // N / 8
+  int lanes_per_row;  // N / 8
   U32x2 key;
   int sr_bits, philox_rounds;
   HeadParams head;
@@ -114,14 +115,22 @@ __global__ void validate_tokens_kernel(const ReplayParams p) {
   }
   const int T = p.tokens;
   const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
+  if (p.cursors[slot].pending != 0) {
+    if (threadIdx.x == 0) {
+      p.status[b] = 1;
+      raise_error(p.error, kErrPending, slot, p.cursors[slot].pending);
+    }
+    return;
+  }
   const ActT* x = static_cast<const ActT*>(p.x) + b * nx;
   const ActT* Bm = static_cast<const ActT*>(p.B) + b * nb;
   const ActT* Cm = static_cast<const ActT*>(p.C) + b * nb;
   const float* dt = p.dt + b * nd;
   int local = 0;
-  for (int64_t i = threadIdx.x; i < nx; i += blockDim.x) local |= !isfinite(to_f32(x[i]));
+  for (int64_t i = threadIdx.x; i < nx; i += blockDim.x)
+    local |= !isfinite(act_f32(x[i], p.act_f16));
   for (int64_t i = threadIdx.x; i < nb; i += blockDim.x)
-    local |= !isfinite(to_f32(Bm[i])) | !isfinite(to_f32(Cm[i]));
+    local |= !isfinite(act_f32(Bm[i], p.act_f16)) | !isfinite(act_f32(Cm[i], p.act_f16));
   for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) local |= !isfinite(dt[i]);
   if (__syncthreads_or(local)) {
     if (threadIdx.x == 0) {
@@ -152,8 +161,8 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
 struct StepSmem {
   float* fold_B;      // [L, N]   committed entries folded by a flush
   float* fold_x;      // [L, P]
-  float* fold_delta;  // [L]
-  float* fold_a;      // [L]      exp(delta A)
+  float* fold_sum;    // [L]      running sums of the folded entries
+  float* fold_w;      // [L]      delta_k exp(A (L_{m-1} - L_k))
   float* hist_B;      // [L, N]   entries the readout sees (committed, then the window)
   float* hist_x;      // [L, P]
   float* hist_delta;  // [L]
@@ -162,11 +171,11 @@ struct StepSmem {
   float* Cr;          // [kMaxWindow, N]  C rounded to bf16 in the 8/4-bit read modes (else == C)
   float* w;           // [kMaxWindow, L]  delta_k exp(A (L_i - L_k)) (B_k . C_j)
   float* dec;         // [kMaxWindow]     exp(A L_i)
+  float* misc;        // [4]              misc[0] = exp(A L_{m-1}) of the fold
 
   static size_t bytes(int L, int N, int P) {
-    return sizeof(float) *
-           (2 * size_t(L) * N + 2 * size_t(L) * P + 4 * size_t(L) + 2 * size_t(kMaxWindow) * N +
-            size_t(kMaxWindow) * L + kMaxWindow);
+    return sizeof(float) * (2 * size_t(L) * N + 2 * size_t(L) * P + 4 * size_t(L) +
+                            2 * size_t(kMaxWindow) * N + size_t(kMaxWindow) * L + kMaxWindow + 4);
   }
   __device__ static StepSmem carve(float* base, int L, int N, int P) {
     StepSmem s;
@@ -176,22 +185,25 @@ struct StepSmem {
     s.Cr = s.C + kMaxWindow * N;
     s.fold_x = s.Cr + kMaxWindow * N;
     s.hist_x = s.fold_x + L * P;
-    s.fold_delta = s.hist_x + L * P;
-    s.fold_a = s.fold_delta + L;
-    s.hist_delta = s.fold_a + L;
+    s.fold_sum = s.hist_x + L * P;
+    s.fold_w = s.fold_sum + L;
+    s.hist_delta = s.fold_w + L;
     s.hist_L = s.hist_delta + L;
     s.w = s.hist_L + L;
     s.dec = s.w + kMaxWindow * L;
+    s.misc = s.dec + kMaxWindow;
     return s;
   }
 };
 
 template <typename ActT>
-__device__ __forceinline__ void copy_row_to_smem(float* dst, const ActT* src, int n) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = to_f32(src[i]);
+__device__ __forceinline__ void copy_row_to_smem(float* dst, const ActT* src, int n, bool f16) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = act_f32(src[i], f16);
 }
 
-// Loads the committed entries 0..count-1 of head h (group g) into fold_* (x, B, delta, a).
+// Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
+//   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
+// (the CPU reference's order: scale the decoded row, then add the entries in logical order).
 template <typename ActT>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
@@ -200,35 +212,50 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   for (int k = 0; k < count; ++k) {
     const int phys = ring_index(cur, k, p.L);
     copy_row_to_smem(sm.fold_B + k * p.N,
-                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g) * p.N, p.N);
+                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g) * p.N, p.N,
+                     p.act_f16);
     copy_row_to_smem(sm.fold_x + k * p.P,
-                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * p.H + h) * p.P, p.P);
+                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * p.H + h) * p.P, p.P,
+                     p.act_f16);
   }
-  for (int k = threadIdx.x; k < count; k += blockDim.x) {
-    const float d = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
-    sm.fold_delta[k] = d;
-    sm.fold_a[k] = expf(d * A);
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int k = 0; k < count; ++k) {
+      total += sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
+      sm.fold_sum[k] = total;
+    }
+    for (int k = 0; k < count; ++k)
+      sm.fold_w[k] =
+          sec.ring_delta[ring_index(cur, k, p.L) * p.H + h] * decay(A * (total - sm.fold_sum[k]));
+    sm.misc[0] = decay(A * total);
   }
 }
 
-// S <- a_k S + (delta_k x_k[p]) B_k for k = 0..count-1 (the per-token recurrence in fp32).
+// The fold of stage_fold for one 8-element chunk of row prow.
 __device__ __forceinline__ void fold8(float (&s)[8], const StepSmem& sm, int count, int prow,
                                       int n0, int N, int P) {
+  const float d0 = sm.misc[0];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] *= d0;
   for (int k = 0; k < count; ++k) {
-    const float a = sm.fold_a[k];
-    const float dx = sm.fold_delta[k] * sm.fold_x[k * P + prow];
+    const float wx = sm.fold_w[k] * sm.fold_x[k * P + prow];
     const float4 b0 = *reinterpret_cast<const float4*>(sm.fold_B + k * N + n0);
     const float4 b1 = *reinterpret_cast<const float4*>(sm.fold_B + k * N + n0 + 4);
     const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = a * s[i] + dx * bv[i];
+    for (int i = 0; i < 8; ++i) s[i] += wx * bv[i];
   }
 }
 
-__device__ __forceinline__ bool any_nonfinite(const float (&s)[8]) {
-  bool bad = false;
+// NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
+__device__ __forceinline__ int sanitize8(float (&s)[8]) {
+  int bad = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) bad |= !isfinite(s[i]);
+  for (int i = 0; i < 8; ++i) {
+    if (isfinite(s[i])) continue;
+    ++bad;
+    s[i] = isnan(s[i]) ? 0.f : copysignf(3.402823466e38f, s[i]);
+  }
   return bad;
 }
 
@@ -258,19 +285,21 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   for (int k = 0; k < c_hist; ++k) {
     const int phys = ring_index(cur, k, L);
     copy_row_to_smem(sm.hist_B + k * N,
-                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N, N);
+                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N, N,
+                     p.act_f16);
     copy_row_to_smem(sm.hist_x + k * P,
-                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P, P);
+                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P, P,
+                     p.act_f16);
   }
   for (int j = 0; j < W; ++j) {
     const int64_t bt = int64_t(b) * W + j;
     copy_row_to_smem(sm.hist_B + (c_hist + j) * N, static_cast<const ActT*>(p.B) + (bt * G + g) * N,
-                     N);
+                     N, p.act_f16);
     copy_row_to_smem(sm.hist_x + (c_hist + j) * P, static_cast<const ActT*>(p.x) + (bt * H + h) * P,
-                     P);
+                     P, p.act_f16);
     const ActT* Cj = static_cast<const ActT*>(p.C) + (bt * G + g) * N;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
-      const float c = to_f32(Cj[n]);
+      const float c = act_f32(Cj[n], p.act_f16);
       sm.C[j * N + n] = c;
       sm.Cr[j * N + n] = bf16_readout(kMode) ? bf16_to_f32(f32_to_bf16(c)) : c;
     }
@@ -314,8 +343,7 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
         sm.w[j * L + k] =
             k <= i ? sm.hist_delta[k] * decay(A * (sm.hist_L[i] - sm.hist_L[k])) * dot : 0.f;
     }
-    for (int j = threadIdx.x; j < W; j += blockDim.x)
-      sm.dec[j] = decay(A * sm.hist_L[c_hist + j]);
+    for (int j = threadIdx.x; j < W; j += blockDim.x) sm.dec[j] = decay(A * sm.hist_L[c_hist + j]);
   }
   __syncthreads();
 
@@ -327,7 +355,7 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   const int per_value = lanes / 8;  // lanes holding each reduced value of row_sum8
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
-  bool nonfinite = false;
+  int nonfinite = 0;
   for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
     float v[kStepRows][8];
     float scale[kStepRows];
@@ -348,13 +376,14 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
         const int pr = min(prow[r], P - 1);
         fold8(v[r], sm, c_fold, pr, n0, N, P);
         const bool store = prow[r] < P;
-        nonfinite |= store && any_nonfinite(v[r]);
+        const int bad = sanitize8(v[r]);
+        if (store) nonfinite += bad;
         float rv[8];
         int sat = 0;
         // Out-of-range rows duplicate row P-1 bit for bit, so their stores are harmless; every
         // lane must take part in encode8's row reductions.
-        scale[r] = encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr,
-                                  rv, &sat);
+        scale[r] =
+            encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr, rv, &sat);
         if (!store) sat = 0;
         saturated += sat;
 #pragma unroll
@@ -384,11 +413,8 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
       }
     }
   }
-  if (flush) {
-    if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-    if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
-      raise_error(p.error, kErrNonFiniteState, slot, 0);
-  }
+  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
 }
 
 // Second launch of verify / flush: ring B of the window and the cursors. One block per b.
@@ -465,7 +491,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
   const int rows_per_pass = blockDim.x / lanes;
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
-  bool nonfinite = false;
+  int nonfinite = 0;
   for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
     float v[kStepRows][8];
     int prow[kStepRows];
@@ -482,13 +508,13 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
           process_dt(p.dt[bt * H + h], p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
       const float a = expf(delta * A);
       float Bv[8], Cv[8];
-      load8(static_cast<const ActT*>(p.B) + (bt * G + g) * N + n0, Bv);
-      load8(static_cast<const ActT*>(p.C) + (bt * G + g) * N + n0, Cv);
+      load8_act(static_cast<const ActT*>(p.B) + (bt * G + g) * N + n0, p.act_f16, Bv);
+      load8_act(static_cast<const ActT*>(p.C) + (bt * G + g) * N + n0, p.act_f16, Cv);
       const ActT* x = static_cast<const ActT*>(p.x) + (bt * H + h) * P;
 #pragma unroll
       for (int r = 0; r < kStepRows; ++r) {
         const int pr = min(prow[r], P - 1);
-        const float xv = to_f32(x[pr]);
+        const float xv = act_f32(x[pr], p.act_f16);
         const float dx = delta * xv;
         float acc = 0.f;
 #pragma unroll
@@ -504,7 +530,8 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
       const int pr = min(prow[r], P - 1);
-      nonfinite |= prow[r] < P && any_nonfinite(v[r]);
+      const int bad = sanitize8(v[r]);
+      if (prow[r] < P) nonfinite += bad;
       float rv[8];
       int sat = 0;
       // Duplicated out-of-range rows write the same values as row P-1: harmless.
@@ -513,8 +540,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
     }
   }
   if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-  if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
-    raise_error(p.error, kErrNonFiniteState, slot, 0);
+  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
 }
 
 // After prefill: the committed entries are folded and the checkpoint written.
@@ -534,8 +560,8 @@ __global__ void prefill_finalize_kernel(const ReplayParams p) {
 // state(slot, at): dense [H, P, N] fp32 = fold(decode(rec), entries 0..at-1). Block per head.
 // import (encode = true): encodes dense into the slot's checkpoint(s) instead.
 template <Mode kMode, typename ActT>
-__global__ void __launch_bounds__(kStepThreads) dense_kernel(const ReplayParams p, int slot,
-                                                             bool encode) {
+__global__ void __launch_bounds__(kStepThreads)
+    dense_kernel(const ReplayParams p, int slot, bool encode) {
   extern __shared__ float4 smem_raw[];
   const int h = blockIdx.x;
   const SlotCursors cur = p.cursors[slot];
@@ -551,7 +577,7 @@ __global__ void __launch_bounds__(kStepThreads) dense_kernel(const ReplayParams 
   const int rows_per_pass = blockDim.x / lanes;
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
-  bool nonfinite = false;
+  int nonfinite = 0;
   for (int base = 0; base < P; base += rows_per_pass) {
     const int prow = base + threadIdx.x / lanes;
     const int pr = min(prow, P - 1);
@@ -559,7 +585,8 @@ __global__ void __launch_bounds__(kStepThreads) dense_kernel(const ReplayParams 
     float v[8];
     if (encode) {
       load8(p.dense + row * N + n0, v);
-      nonfinite |= prow < P && any_nonfinite(v);
+      const int bad = sanitize8(v);
+      if (prow < P) nonfinite += bad;
       float rv[8];
       int sat = 0;
       encode8<kMode>(sec, row, n0, N, lane_in_row, lanes, v, sr, rv, &sat);
@@ -570,11 +597,8 @@ __global__ void __launch_bounds__(kStepThreads) dense_kernel(const ReplayParams 
       if (prow < P) store8_f32(p.dense + row * N + n0, v);
     }
   }
-  if (encode) {
-    if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-    if (__syncthreads_or(nonfinite) && threadIdx.x == 0)
-      raise_error(p.error, kErrNonFiniteState, slot, 0);
-  }
+  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
 }
 
 // Sets one slot's cursors (open, release, fork) without a host round trip.
@@ -586,6 +610,7 @@ __global__ void set_cursors_kernel(SlotCursors* cursors, int slot, SlotCursors v
 __global__ void fork_cursors_kernel(SlotCursors* cursors, int src, int dst, uint64_t request_id) {
   SlotCursors c = cursors[src];
   c.request_id = request_id;
+  c.pending = 0;
   cursors[dst] = c;
 }
 

@@ -52,8 +52,8 @@ void cuda_standard_decode(const SsmShape& shape, const LayerParams& params,
   shape.validate();
   params.validate(shape);
   const int H = shape.nheads, P = shape.headdim, N = shape.dstate, G = shape.ngroups;
-  check(N % 8 == 0 && N / 8 <= 32 && ((N / 8) & (N / 8 - 1)) == 0,
-        "cuda standard_decode: dstate ", N, " must be 8 times a power of two, at most 256");
+  check(N % 8 == 0 && N / 8 <= 32 && ((N / 8) & (N / 8 - 1)) == 0, "cuda standard_decode: dstate ",
+        N, " must be 8 times a power of two, at most 256");
   check(H <= cuda::kMaxHeads, "cuda standard_decode: nheads ", H, " exceeds ", cuda::kMaxHeads);
   for (auto* v : {&state, &slots, &x, &B, &C, &dt, &y}) check_device_view(*v, "tensor");
   check(slots.dtype == DType::i32 && slots.shape.size() == 1, "cuda standard_decode: slots ",
@@ -71,9 +71,9 @@ void cuda_standard_decode(const SsmShape& shape, const LayerParams& params,
   check(dt.dtype == DType::f32, "cuda standard_decode: dt must be f32");
   check(state.dtype == config.state_dtype, "cuda standard_decode: state is ",
         dtype_name(state.dtype), " but the config says ", dtype_name(config.state_dtype));
-  check(state.shape.size() == 4 && state.shape[1] == H && state.shape[2] == P &&
-            state.shape[3] == N,
-        "cuda standard_decode: state ", state.describe(), " must be [S,H,P,N]");
+  check(
+      state.shape.size() == 4 && state.shape[1] == H && state.shape[2] == P && state.shape[3] == N,
+      "cuda standard_decode: state ", state.describe(), " must be [S,H,P,N]");
   check(!config.stochastic_rounding || config.state_dtype == DType::f16,
         "cuda standard_decode: stochastic rounding needs an f16 state");
   check(config.sr_bits >= 1 && config.sr_bits <= 13, "cuda standard_decode: sr_bits ",

@@ -7,7 +7,8 @@
 //   y[b,t,h,p] = sum_n S[p,n] * C[b,t,g,n] + D[h] * x[b,t,h,p]
 // T == 1 writes S back in place; T > 1 writes S after token t to intermediate[b,t] and leaves
 // `state` unchanged. fp16-sr rounds every written state stochastically (SPEC 6) with counter
-// (element, step + t, slot); the recurrence itself stays in fp32 registers.
+// (element + t * H*P*N, step, slot), as the CPU reference; the recurrence itself stays in fp32
+// registers.
 //
 // Mapping: a row (h, p) of N elements is held by N/8 consecutive lanes, 8 elements (16 or 32
 // bytes) each; a thread keeps kRows rows in registers so that all its loads are in flight at once.
@@ -19,19 +20,19 @@
 namespace replayssm::cuda {
 
 struct StandardDecodeParams {
-  void* state;               // [S, H, P, N] state dtype
-  const int32_t* slots;      // [B]
-  const void* x;             // [B, T, H, P] activation dtype
-  const void* B;             // [B, T, G, N] activation dtype
-  const void* C;             // [B, T, G, N] activation dtype
-  const float* dt;           // [B, T, H]
-  void* y;                   // [B, T, H, P] y_dtype
-  void* intermediate;        // [B, T, H, P, N] state dtype, or nullptr when T == 1
+  void* state;           // [S, H, P, N] state dtype
+  const int32_t* slots;  // [B]
+  const void* x;         // [B, T, H, P] activation dtype
+  const void* B;         // [B, T, G, N] activation dtype
+  const void* C;         // [B, T, G, N] activation dtype
+  const float* dt;       // [B, T, H]
+  void* y;               // [B, T, H, P] y_dtype
+  void* intermediate;    // [B, T, H, P, N] state dtype, or nullptr when T == 1
   DType y_dtype;
   int batch, tokens, nheads, headdim, dstate, ngroups;
-  int lanes_per_row;         // N / 8
-  int rows_per_block;        // (threads / lanes_per_row) * kRows
-  int blocks_per_head;       // ceil(P / rows_per_block)
+  int lanes_per_row;    // N / 8
+  int rows_per_block;   // (threads / lanes_per_row) * kRows
+  int blocks_per_head;  // ceil(P / rows_per_block)
   bool stochastic_rounding;
   int sr_bits, philox_rounds;
   U32x2 key;
@@ -55,8 +56,8 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
     if (sr) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const U32x4 counter{{uint32_t((element + 4 * q) >> 2), flush, uint32_t(request),
-                             uint32_t(request >> 32)}};
+        const U32x4 counter{
+            {uint32_t((element + 4 * q) >> 2), flush, uint32_t(request), uint32_t(request >> 32)}};
         const U32x4 r = philox4x32(counter, p.key, p.philox_rounds);
 #pragma unroll
         for (int k = 0; k < 4; ++k) v[4 * q + k] = f32_to_f16_sr(s[4 * q + k], r.v[k], p.sr_bits);
@@ -128,12 +129,12 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
       if (valid[r]) {
         if (lane_in_row == 0)
           store_scalar(p.y, p.y_dtype, (bt * H + h) * P + rows[r], acc + D * xv);
-        const uint64_t element = (uint64_t(h) * P + rows[r]) * N + n0;
+        // SR counter of the CPU reference: element = t * H*P*N + (h*P + p)*N + n, flush = step.
+        const uint64_t element = uint64_t(t) * H * P * N + (uint64_t(h) * P + rows[r]) * N + n0;
         StateT* dst = (T == 1) ? state + int64_t(rows[r]) * N + n0
                                : static_cast<StateT*>(p.intermediate) +
                                      ((bt * H + h) * P + rows[r]) * int64_t(N) + n0;
-        store_state8<StateT>(dst, s[r], p.stochastic_rounding, p, element, uint64_t(slot),
-                             p.step + uint32_t(t));
+        store_state8<StateT>(dst, s[r], p.stochastic_rounding, p, element, uint64_t(slot), p.step);
       }
     }
   }
