@@ -16,7 +16,7 @@ rc=0
 if [[ $what == test || $what == all ]]; then
   timeout 300 ./build/tests/test_cuda_backend --gtest_filter="$filter" 2>&1 | tee "$out/test.txt" |
     grep -E "^\[(cuda-vs-cpu|standard-decode)\]|FAILED|PASSED|Failure|error|Expected|Which is|actual|rel|slot" |
-    head -150
+    uniq -c | tail -80
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -269,8 +269,10 @@ TEST_P(CudaVsCpu, RandomOperationSequence) {
       EXPECT_LT(d.delta_rel, 1e-6) << "slot " << s << " step " << step;
       EXPECT_LT(d.ckpt_rel, mode == Mode::fp32 ? 1e-5 : 1e-3) << "slot " << s << " step " << step;
       worst_ckpt = std::max(worst_ckpt, d.ckpt_rel);
-      mismatched += d.code_mismatch;
-      code_bytes += d.code_bytes;
+      if (mode != Mode::fp32) {  // fp32 checkpoints differ in low bits; compared by value above
+        mismatched += d.code_mismatch;
+        code_bytes += d.code_bytes;
+      }
     }
   }
   // Fold of the committed entries through state().

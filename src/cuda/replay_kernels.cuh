@@ -201,6 +201,18 @@ __device__ __forceinline__ void copy_row_to_smem(float* dst, const ActT* src, in
   for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = act_f32(src[i], f16);
 }
 
+// dst[k][i] = ring row of logical entry k (k < count), all loads of the block issued together:
+// row k lives at base + phys(k) * stride.
+template <typename ActT>
+__device__ __forceinline__ void stage_ring_rows(float* dst, const ActT* base, int64_t stride,
+                                                const SlotCursors& cur, int count, int n, int L,
+                                                bool f16) {
+  for (int idx = threadIdx.x; idx < count * n; idx += blockDim.x) {
+    const int k = idx / n, i = idx - k * n;
+    dst[idx] = act_f32(base[int64_t(ring_index(cur, k, L)) * stride + i], f16);
+  }
+}
+
 // Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
 // (the CPU reference's order: scale the decoded row, then add the entries in logical order).
@@ -396,6 +408,10 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
       float part[kMaxWindow];
 #pragma unroll
       for (int j = 0; j < kMaxWindow; ++j) {
+        if (j >= W) {
+          part[j] = 0.f;
+          continue;
+        }
         const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + n0);
         const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + n0 + 4);
         part[j] = v[r][0] * c0.x + v[r][1] * c0.y + v[r][2] * c0.z + v[r][3] * c0.w +
