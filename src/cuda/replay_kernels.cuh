@@ -292,6 +292,31 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   const float A = p.head.A[h], D = p.head.D[h];
   const int m = c_hist + W;  // entries seen by the readout
 
+  // ---- checkpoint rows of the first row group: their loads are issued before the staging so
+  // that their latency overlaps it
+  const int lanes = p.lanes_per_row;
+  const int lane_in_row = threadIdx.x % lanes;
+  const int n0 = lane_in_row * 8;
+  const int rows_per_pass = blockDim.x / lanes;
+  const int rows_per_group = rows_per_pass * kStepRows;
+  const int per_value = lanes / 8;  // lanes holding each reduced value of row_sum8
+  float v[kStepRows][8];
+  float scale[kStepRows];
+  int prow[kStepRows];
+  auto load_group = [&](int base) {
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
+      const int pr = min(prow[r], P - 1);  // out-of-range rows compute on a duplicate, unstored
+      const int64_t row = int64_t(h) * P + pr;
+      if (flush)
+        load_rec8<kMode>(sec, row, n0, N, v[r]);
+      else
+        scale[r] = load_read8<kMode>(sec, row, n0, N, v[r]);
+    }
+  };
+  load_group(0);
+
   // ---- stage ring entries and the window's inputs in shared memory
   if (flush) stage_fold<ActT>(p, sec, cur, c_fold, h, g, sm);
   for (int k = 0; k < c_hist; ++k) {
@@ -360,28 +385,11 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   __syncthreads();
 
   // ---- checkpoint rows: flush (fold + encode) and readout
-  const int lanes = p.lanes_per_row;
-  const int lane_in_row = threadIdx.x % lanes;
-  const int n0 = lane_in_row * 8;
-  const int rows_per_pass = blockDim.x / lanes;
-  const int per_value = lanes / 8;  // lanes holding each reduced value of row_sum8
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
   int nonfinite = 0;
-  for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
-    float v[kStepRows][8];
-    float scale[kStepRows];
-    int prow[kStepRows];
-#pragma unroll
-    for (int r = 0; r < kStepRows; ++r) {
-      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
-      const int pr = min(prow[r], P - 1);  // out-of-range rows compute on a duplicate, unstored
-      const int64_t row = int64_t(h) * P + pr;
-      if (flush)
-        load_rec8<kMode>(sec, row, n0, N, v[r]);
-      else
-        scale[r] = load_read8<kMode>(sec, row, n0, N, v[r]);
-    }
+  for (int base = 0; base < P; base += rows_per_group) {
+    if (base > 0) load_group(base);
     if (flush) {
 #pragma unroll
       for (int r = 0; r < kStepRows; ++r) {
