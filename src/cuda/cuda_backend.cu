@@ -116,13 +116,16 @@ class CudaBackend final : public CacheBackend {
     check(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
           "cuda backend: no CUDA device is available");
     layout_ = SlotLayout::make(shape, config);
-    RSSM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // A blocking stream: work the caller enqueues on the legacy default stream (input uploads,
+    // cudaMemset, ...) is ordered with the backend's launches.
+    RSSM_CUDA_CHECK(cudaStreamCreate(&stream_));
     storage_.reset(device_alloc<uint8_t>(layout_.total * size_t(config.num_slots)));
     cursors_.reset(device_alloc<SlotCursors>(config.num_slots));
     error_.reset(device_alloc<DeviceError>(1));
     stats_.reset(device_alloc<DeviceStats>(1));
     dense_.reset(device_alloc<float>(size_t(shape.state_elements())));
     ensure_status(2 * config.num_slots + 64);
+    RSSM_CUDA_CHECK(cudaDeviceSynchronize());  // the zero fills of device_alloc are done
 
     base_ = ReplayParams{};
     base_.geo.storage = storage_.get();
@@ -219,9 +222,7 @@ class CudaBackend final : public CacheBackend {
     ReplayParams p = token_params(batch);
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
       cuda::validate_tokens_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
-      allow_smem(cuda::replay_step_kernel<kMode, ActT>, smem_);
-      cuda::replay_step_kernel<kMode, ActT>
-          <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+      launch_step<kMode, ActT>(p);
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -247,9 +248,7 @@ class CudaBackend final : public CacheBackend {
     p.status = status_.get();
     cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      allow_smem(cuda::replay_step_kernel<kMode, ActT>, smem_);
-      cuda::replay_step_kernel<kMode, ActT>
-          <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+      launch_step<kMode, ActT>(p);
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -373,6 +372,17 @@ class CudaBackend final : public CacheBackend {
     p.y_dtype = batch.y_dtype;
     p.status = status_.get();
     return p;
+  }
+
+  // The non-flushing and the flushing slots of a step, in that order (see replay_step_kernel).
+  template <Mode kMode, typename ActT>
+  void launch_step(const ReplayParams& p) {
+    allow_smem(cuda::replay_step_kernel<kMode, ActT, false>, smem_);
+    allow_smem(cuda::replay_step_kernel<kMode, ActT, true>, smem_);
+    cuda::replay_step_kernel<kMode, ActT, false>
+        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+    cuda::replay_step_kernel<kMode, ActT, true>
+        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {

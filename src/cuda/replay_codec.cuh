@@ -129,6 +129,99 @@ __device__ __forceinline__ float load_read8(const SlotSections& s, int64_t row, 
   }
 }
 
+// The raw bytes of one 8-element chunk of the recurrence (rec = true) or read checkpoint, loaded
+// without any dependent instruction so that the loads of several rows stay in flight while the
+// thread does other work; decode_raw8 turns them into values later.
+struct RawChunk {
+  uint4 lo, hi;    // up to 32 bytes of codes
+  float scale;     // row scale (8/4-bit modes)
+  uint32_t extra;  // nvfp4 block scale
+};
+
+template <Mode kMode>
+__device__ __forceinline__ void load_raw8(const SlotSections& s, int64_t row, int n0, int N,
+                                          bool rec, RawChunk& c) {
+  const int64_t e = row * N + n0;
+  c.scale = 1.f;
+  if constexpr (kMode == Mode::fp32) {
+    c.lo = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[0];
+    c.hi = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[1];
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    const uint2 r = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(s.rec) + e);
+    c.lo.x = r.x, c.lo.y = r.y;
+    c.scale = s.rec_scale[row];
+  } else if constexpr (kMode == Mode::separate_fp8) {
+    if (rec) {
+      c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+    } else {
+      const uint2 r = *reinterpret_cast<const uint2*>(s.read + e);
+      c.lo.x = r.x, c.lo.y = r.y;
+      c.scale = s.read_scale[row];
+    }
+  } else if constexpr (kMode == Mode::separate_nvfp4) {
+    if (rec) {
+      c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+    } else {
+      c.lo.x = *reinterpret_cast<const uint32_t*>(s.read + e / 2);
+      c.extra = s.read_block_scale[e / 16];
+      c.scale = s.read_scale[row];
+    }
+  } else {  // bf16, fp16, fp16-sr
+    c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+  }
+}
+
+// Values of a RawChunk: the decoded recurrence state (rec, returns 1) or the read values and the
+// row scale, exactly as load_rec8 / load_read8 compute them.
+template <Mode kMode>
+__device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float (&v)[8]) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(&c.lo);
+  if constexpr (kMode == Mode::fp32) {
+    const float* f = reinterpret_cast<const float*>(&c.lo);
+    const float* g = reinterpret_cast<const float*>(&c.hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = f[i], v[i + 4] = g[i];
+    return 1.f;
+  } else if constexpr (kMode == Mode::bf16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_to_f32(h[i]);
+    return 1.f;
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&c.lo);
+    uint8_t codes[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) codes[i] = b[i];
+    if constexpr (kMode == Mode::shared_fp8) {
+      e4m3x8_to_f32(codes, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(codes[i]));
+    }
+    if (!rec) return c.scale;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], c.scale);
+    return 1.f;
+  } else {
+    if (kMode == Mode::separate_fp8 && !rec) {
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&c.lo);
+      uint8_t codes[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) codes[i] = b[i];
+      e4m3x8_to_f32(codes, v);
+      return c.scale;
+    }
+    if (kMode == Mode::separate_nvfp4 && !rec) {
+      const float d = e4m3_to_f32(uint8_t(c.extra));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = e2m1_to_f32(uint8_t((c.lo.x >> (4 * i)) & 0xfu)) * d;
+      return c.scale;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __half2float(__ushort_as_half(h[i]));
+    return 1.f;
+  }
+}
+
 // Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0).
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
                                               uint16_t (&out)[8]) {

@@ -272,8 +272,12 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
 }
 
 // verify (tokens = W >= 1) or explicit flush (tokens = 0, force_flush). One block per (b, h).
-template <Mode kMode, typename ActT>
-__global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayParams p) {
+// Launched twice per step: kFlushing = false serves the slots that do not flush (no encoder in
+// the code, so fewer registers and more blocks per SM), kFlushing = true those that do; each
+// launch's blocks of the other kind exit at once.
+template <Mode kMode, typename ActT, bool kFlushing>
+__global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 2)
+    replay_step_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
   if (p.status[b] != 0) return;
@@ -281,8 +285,10 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   const SlotCursors cur = p.cursors[slot];
   const int W = p.tokens, L = p.L, N = p.N, P = p.P, H = p.H, G = p.G;
   const int g = h / (H / G);
-  const bool flush =
-      (p.force_flush && cur.committed > 0) || (W > 0 && verify_needs_flush(cur, W, L));
+  if (((p.force_flush && cur.committed > 0) || (W > 0 && verify_needs_flush(cur, W, L))) !=
+      kFlushing)
+    return;
+  constexpr bool flush = kFlushing;
   const int c_fold = flush ? cur.committed : 0;
   const int c_hist = flush ? 0 : cur.committed;
   SlotCursors after = cur;
@@ -303,16 +309,13 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   float v[kStepRows][8];
   float scale[kStepRows];
   int prow[kStepRows];
+  RawChunk raw[kStepRows];
   auto load_group = [&](int base) {
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
       prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
       const int pr = min(prow[r], P - 1);  // out-of-range rows compute on a duplicate, unstored
-      const int64_t row = int64_t(h) * P + pr;
-      if (flush)
-        load_rec8<kMode>(sec, row, n0, N, v[r]);
-      else
-        scale[r] = load_read8<kMode>(sec, row, n0, N, v[r]);
+      load_raw8<kMode>(sec, int64_t(h) * P + pr, n0, N, flush, raw[r]);
     }
   };
   load_group(0);
@@ -390,7 +393,9 @@ __global__ void __launch_bounds__(kStepThreads) replay_step_kernel(const ReplayP
   int nonfinite = 0;
   for (int base = 0; base < P; base += rows_per_group) {
     if (base > 0) load_group(base);
-    if (flush) {
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], flush, v[r]);
+    if constexpr (flush) {
 #pragma unroll
       for (int r = 0; r < kStepRows; ++r) {
         const int pr = min(prow[r], P - 1);
