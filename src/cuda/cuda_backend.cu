@@ -108,6 +108,8 @@ class CudaBackend final : public CacheBackend {
     const int N = shape.dstate;
     check(N == 64 || N == 128 || N == 256, "cuda backend: dstate ", N,
           " is not supported (64, 128 or 256)");
+    check(shape.headdim % 8 == 0, "cuda backend: headdim ", shape.headdim,
+          " must be a multiple of 8");
     check(config.max_window <= cuda::kMaxWindow, "cuda backend: max_window ", config.max_window,
           " exceeds ", cuda::kMaxWindow);
     check(config.history <= cuda::kMaxHistory, "cuda backend: history ", config.history,

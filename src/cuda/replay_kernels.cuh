@@ -213,6 +213,63 @@ __device__ __forceinline__ void stage_ring_rows(float* dst, const ActT* base, in
   }
 }
 
+// One group of rows to copy into shared memory as fp32: `rows` rows of n elements (n % 8 == 0),
+// row k at src + (ring ? phys(k) : k) * stride.
+template <typename ActT>
+struct StageSegment {
+  float* dst;
+  const ActT* src;
+  int64_t stride;
+  int rows, n;
+  bool ring;
+};
+inline constexpr int kStageSegments = 7;
+
+// Copies every segment in one pass of 8-element vector loads, two per thread in flight. The last
+// segment is C: with kRoundC its bf16-rounded copy goes to `Cr` as well (else Cr = C).
+template <typename ActT, bool kRoundC>
+__device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[kStageSegments],
+                                               const SlotCursors& cur, int L, bool f16, float* Cr) {
+  int start[kStageSegments + 1];
+  start[0] = 0;
+#pragma unroll
+  for (int s = 0; s < kStageSegments; ++s) start[s + 1] = start[s] + seg[s].rows * (seg[s].n / 8);
+  const int total = start[kStageSegments];
+  for (int u0 = threadIdx.x; u0 < total; u0 += 2 * blockDim.x) {
+    float v[2][8];
+    float* dst[2] = {nullptr, nullptr};
+    bool isC[2] = {false, false};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int u = u0 + q * blockDim.x;
+      if (u >= total) continue;
+      // Select the segment with compile-time indices only (a runtime index into `seg` would
+      // put it in local memory).
+      StageSegment<ActT> sg = seg[0];
+      int first = 0;
+#pragma unroll
+      for (int t = 1; t < kStageSegments; ++t)
+        if (u >= start[t]) sg = seg[t], first = start[t], isC[q] = t == kStageSegments - 1;
+      const int per_row = sg.n / 8;
+      const int k = (u - first) / per_row, c = (u - first) - k * per_row;
+      const int row = sg.ring ? ((cur.origin + k) & (L - 1)) : k;
+      load8_act(sg.src + int64_t(row) * sg.stride + 8 * c, f16, v[q]);
+      dst[q] = sg.dst + k * sg.n + 8 * c;
+    }
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (dst[q] == nullptr) continue;
+      store8_f32(dst[q], v[q]);
+      if (isC[q]) {
+        float r[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r[i] = kRoundC ? bf16_to_f32(f32_to_bf16(v[q][i])) : v[q][i];
+        store8_f32(Cr + (dst[q] - seg[kStageSegments - 1].dst), r);
+      }
+    }
+  }
+}
+
 // Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
 // (the CPU reference's order: scale the decoded row, then add the entries in logical order).
@@ -276,7 +333,7 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
 // the code, so fewer registers and more blocks per SM), kFlushing = true those that do; each
 // launch's blocks of the other kind exit at once.
 template <Mode kMode, typename ActT, bool kFlushing>
-__global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 2)
+__global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
     replay_step_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
@@ -320,32 +377,28 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 2)
   };
   load_group(0);
 
-  // ---- stage ring entries and the window's inputs in shared memory
-  if (flush) stage_fold<ActT>(p, sec, cur, c_fold, h, g, sm);
-  for (int k = 0; k < c_hist; ++k) {
-    const int phys = ring_index(cur, k, L);
-    copy_row_to_smem(sm.hist_B + k * N,
-                     static_cast<const ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N, N,
-                     p.act_f16);
-    copy_row_to_smem(sm.hist_x + k * P,
-                     static_cast<const ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P, P,
-                     p.act_f16);
-  }
-  for (int j = 0; j < W; ++j) {
-    const int64_t bt = int64_t(b) * W + j;
-    copy_row_to_smem(sm.hist_B + (c_hist + j) * N, static_cast<const ActT*>(p.B) + (bt * G + g) * N,
-                     N, p.act_f16);
-    copy_row_to_smem(sm.hist_x + (c_hist + j) * P, static_cast<const ActT*>(p.x) + (bt * H + h) * P,
-                     P, p.act_f16);
-    const ActT* Cj = static_cast<const ActT*>(p.C) + (bt * G + g) * N;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-      const float c = act_f32(Cj[n], p.act_f16);
-      sm.C[j * N + n] = c;
-      sm.Cr[j * N + n] = bf16_readout(kMode) ? bf16_to_f32(f32_to_bf16(c)) : c;
-    }
+  // ---- stage ring entries and the window's inputs in shared memory: one pass over all rows in
+  // 8-element vectors, two per thread in flight
+  {
+    const ActT* ringB = static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N;
+    const ActT* ringX = static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P;
+    const ActT* newB = static_cast<const ActT*>(p.B) + (int64_t(b) * W * G + g) * N;
+    const ActT* newX = static_cast<const ActT*>(p.x) + (int64_t(b) * W * H + h) * P;
+    const ActT* newC = static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N;
+    const StageSegment<ActT> seg[kStageSegments] = {
+        {sm.fold_B, ringB, int64_t(G) * N, c_fold, N, true},
+        {sm.fold_x, ringX, int64_t(H) * P, c_fold, P, true},
+        {sm.hist_B, ringB, int64_t(G) * N, c_hist, N, true},
+        {sm.hist_x, ringX, int64_t(H) * P, c_hist, P, true},
+        {sm.hist_B + c_hist * N, newB, int64_t(G) * N, W, N, false},
+        {sm.hist_x + c_hist * P, newX, int64_t(H) * P, W, P, false},
+        {sm.C, newC, int64_t(G) * N, W, N, false}};
+    stage_segments<ActT, bf16_readout(kMode)>(seg, cur, L, p.act_f16, sm.Cr);
   }
   for (int j = W + threadIdx.x / 32; j < kMaxWindow; j += blockDim.x / 32)  // zero padding
     for (int n = threadIdx.x % 32; n < N; n += 32) sm.C[j * N + n] = sm.Cr[j * N + n] = 0.f;
+  for (int k = threadIdx.x; k < c_fold; k += blockDim.x)
+    sm.fold_w[k] = sec.ring_delta[ring_index(cur, k, L) * H + h];  // delta_k for now
   for (int k = threadIdx.x; k < c_hist; k += blockDim.x)
     sm.hist_delta[k] = sec.ring_delta[ring_index(cur, k, L) * H + h];
   for (int j = threadIdx.x; j < W; j += blockDim.x)
@@ -366,6 +419,15 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 2)
     for (int k = 0; k < m; ++k) {
       run += sm.hist_delta[k];
       sm.hist_L[k] = run;
+    }
+    if (flush) {  // fold weights of stage_fold, from the staged deltas
+      float total = 0.f;
+      for (int k = 0; k < c_fold; ++k) {
+        total += sm.fold_w[k];
+        sm.fold_sum[k] = total;
+      }
+      for (int k = 0; k < c_fold; ++k) sm.fold_w[k] *= decay(A * (total - sm.fold_sum[k]));
+      sm.misc[0] = decay(A * total);
     }
   }
   __syncthreads();

@@ -19,16 +19,9 @@ void check_shape(const TensorView& v, const char* name, std::initializer_list<in
         v.describe(), ", expected ", want.size(), " dims matching the layer");
 }
 
-// Rows per thread: 16-bit states take 8 rows so that each thread has 128 bytes in flight, as
-// fp32 states do with 4.
-template <typename StateT>
-constexpr int rows_per_thread() {
-  return sizeof(StateT) == 4 ? 4 : 8;
-}
-
 template <typename StateT, typename ActT>
 void launch(StandardDecodeParams p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kRows = rows_per_thread<StateT>();
+  constexpr int kThreads = 128, kRows = 4;
   p.rows_per_block = (kThreads / p.lanes_per_row) * kRows;
   p.blocks_per_head = (p.headdim + p.rows_per_block - 1) / p.rows_per_block;
   const int blocks = p.batch * p.nheads * p.blocks_per_head;

@@ -47,10 +47,12 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
   if constexpr (sizeof(StateT) == 4) {
     store8_f32(reinterpret_cast<float*>(dst), s);
   } else if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
-    uint16_t v[8];
+    // cvt.rn.bf16x2.f32: the same bits as f32_to_bf16 (nearest even) for every finite value.
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = f32_to_bf16(s[i]);
-    store8_u16(dst, v);
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
+    *reinterpret_cast<uint4*>(dst) = raw;
   } else {
     uint16_t v[8];
     if (sr) {
@@ -62,11 +64,15 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
 #pragma unroll
         for (int k = 0; k < 4; ++k) v[4 * q + k] = f32_to_f16_sr(s[4 * q + k], r.v[k], p.sr_bits);
       }
+      store8_u16(dst, v);
     } else {
+      // cvt.rn.f16x2.f32: the same bits as f32_to_f16 (nearest even, overflow to Inf).
+      uint4 raw;
+      __half2* h = reinterpret_cast<__half2*>(&raw);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = f32_to_f16(s[i]);
+      for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(s[2 * i], s[2 * i + 1]);
+      *reinterpret_cast<uint4*>(dst) = raw;
     }
-    store8_u16(dst, v);
   }
 }
 
@@ -81,6 +87,7 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
   const int g = h / (p.nheads / p.ngroups);
   const int lanes = p.lanes_per_row;
   const int lane_in_row = threadIdx.x % lanes;
+  static_assert(kRows == 4, "row_sum4 reduces four rows");
   const int rows_per_pass = blockDim.x / lanes;
   const int n0 = lane_in_row * 8;
   const int P = p.headdim, N = p.dstate, H = p.nheads, G = p.ngroups, T = p.tokens;
@@ -115,20 +122,29 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
     load8(static_cast<const ActT*>(p.B) + (bt * G + g) * N + n0, Bv);
     load8(static_cast<const ActT*>(p.C) + (bt * G + g) * N + n0, Cv);
     const ActT* x = static_cast<const ActT*>(p.x) + (bt * H + h) * P;
+    float xv[kRows], acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float xv = valid[r] ? to_f32(x[rows[r]]) : 0.f;
-      const float dx = delta * xv;
-      float acc = 0.f;
+      xv[r] = valid[r] ? to_f32(x[rows[r]]) : 0.f;
+      const float dx = delta * xv[r];
+      acc[r] = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         s[r][i] = a * s[r][i] + dx * Bv[i];
-        acc += s[r][i] * Cv[i];
+        acc[r] += s[r][i] * Cv[i];
       }
-      acc = row_sum(acc, lanes);
+    }
+    // Row sums of the kRows accumulators by recursive halving: lane group r / (lanes / kRows)
+    // ends with row r's total.
+    const float total = row_sum4(acc, lane_in_row, lanes);
+    const int mine = lane_in_row / (lanes / kRows);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
+      if (r == mine && lane_in_row % (lanes / kRows) == 0 && valid[r])
+        store_scalar(p.y, p.y_dtype, (bt * H + h) * P + rows[r], total + D * xv[r]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
       if (valid[r]) {
-        if (lane_in_row == 0)
-          store_scalar(p.y, p.y_dtype, (bt * H + h) * P + rows[r], acc + D * xv);
         // SR counter of the CPU reference: element = t * H*P*N + (h*P + p)*N + n, flush = step.
         const uint64_t element = uint64_t(t) * H * P * N + (uint64_t(h) * P + rows[r]) * N + n0;
         StateT* dst = (T == 1) ? state + int64_t(rows[r]) * N + n0
