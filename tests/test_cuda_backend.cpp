@@ -362,6 +362,20 @@ TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   gpu.verify(dview(dslots.ptr, DType::i32, {1}), dt.vx(shape, act), dt.vB(shape, act),
              dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
   EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error);
+  // NaN input: refused on the device, the slot keeps its cursors and checkpoint.
+  gpu.open(1, 2);
+  std::vector<int32_t> one{1};
+  DeviceBytes done(one);
+  const SlotImage before = gpu.impl().read_slot(1);
+  Tokens bad = random_tokens(shape, act, 1, 2, rng);
+  store_act(bad.x.data(), act, 5, NAN);
+  DeviceTokens dbad(shape, bad);
+  gpu.verify(dview(done.ptr, DType::i32, {1}), dbad.vx(shape, act), dbad.vB(shape, act),
+             dbad.vC(shape, act), dbad.vdt(shape), dbad.vy(shape));
+  EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error);
+  const SlotImage after = gpu.impl().read_slot(1);
+  EXPECT_EQ(after.cursors.pending, 0);
+  EXPECT_TRUE(before.bytes == after.bytes);
 }
 
 // verify + commit captured once in a CUDA graph, replayed with new inputs, against the CPU.

@@ -209,7 +209,8 @@ class CudaBackend final : public CacheBackend {
     ReplayParams p = token_params(batch);
     const DType act = config_.activation_dtype;
     dispatch(config_.mode, act, [&]<Mode kMode, typename ActT>() {
-      cuda::validate_tokens_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
+      cuda::validate_tokens_kernel<ActT>
+          <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
       allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_);
       cuda::prefill_kernel<kMode, ActT><<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
     });
@@ -223,7 +224,8 @@ class CudaBackend final : public CacheBackend {
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      cuda::validate_tokens_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
+      cuda::validate_tokens_kernel<ActT>
+          <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
       launch_step<kMode, ActT>(p);
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
@@ -330,7 +332,7 @@ class CudaBackend final : public CacheBackend {
   void ensure_status(int batch) {
     if (batch <= status_capacity_) return;
     if (status_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    status_.reset(device_alloc<int32_t>(size_t(batch)));
+    status_.reset(device_alloc<int32_t>(size_t(batch) * cuda::kValidateSplit));
     status_capacity_ = batch;
   }
 

@@ -66,7 +66,7 @@ __device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int3
 struct ReplayParams {
   SlotGeometry geo;
   SlotCursors* cursors;  // [num_slots]
-  int32_t* status;       // [B] 0 = this slot takes part in the operation
+  int32_t* status;       // [B, kValidateSplit] all 0 = this entry takes part
   DeviceError* error;
   DeviceStats* stats;
   const int32_t* slots;  // [B]
@@ -94,52 +94,74 @@ __device__ __forceinline__ SrContext make_sr(const ReplayParams& p, const SlotCu
   return SrContext{p.key, c.request_id, c.flush_index, p.sr_bits, p.philox_rounds};
 }
 
-// Checks a slot before a token operation: open, and finite inputs. One block per batch entry.
+// Per batch entry, kValidateSplit status words (one per validating block): the entry takes part
+// in the operation when all are 0.
+inline constexpr int kValidateSplit = 8;
+
+__device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
+  const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
+  const int4 a = st[0], c = st[1];
+  return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
+}
+
+// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones).
 template <typename ActT>
-__global__ void validate_tokens_kernel(const ReplayParams p) {
-  const int b = blockIdx.x;
+__device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (sizeof(ActT) == 4) {
+      bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+      const uint32_t m = f16 ? 0x7c00u : 0x7f80u;
+      bad |= (w[i] & m) == m || ((w[i] >> 16) & m) == m;
+    }
+  }
+  return bad;
+}
+
+// Checks a slot before a token operation: open, nothing pending, finite inputs. Grid
+// (B, kValidateSplit): each block scans a share of the entry's x, B, C, dt in 16-byte loads.
+template <typename ActT>
+__global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams p) {
+  const int b = blockIdx.x, part = blockIdx.y;
+  int32_t* st = p.status + b * kValidateSplit;
   const int slot = p.slots[b];
-  __shared__ int bad;
-  if (threadIdx.x == 0) bad = 0;
-  __syncthreads();
   if (slot < 0) {
-    if (threadIdx.x == 0) p.status[b] = 1;  // padding: skipped, not an error
+    if (threadIdx.x == 0) st[part] = 1;  // padding: skipped, not an error
     return;
   }
-  if (!p.cursors[slot].live) {
+  const SlotCursors cur = p.cursors[slot];
+  if (!cur.live || cur.pending != 0) {
     if (threadIdx.x == 0) {
-      p.status[b] = 1;
-      raise_error(p.error, kErrSlotClosed, slot, 0);
+      st[part] = 1;
+      if (part == 0)
+        raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
     }
     return;
   }
   const int T = p.tokens;
   const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
-  if (p.cursors[slot].pending != 0) {
-    if (threadIdx.x == 0) {
-      p.status[b] = 1;
-      raise_error(p.error, kErrPending, slot, p.cursors[slot].pending);
-    }
-    return;
-  }
-  const ActT* x = static_cast<const ActT*>(p.x) + b * nx;
-  const ActT* Bm = static_cast<const ActT*>(p.B) + b * nb;
-  const ActT* Cm = static_cast<const ActT*>(p.C) + b * nb;
+  const int64_t ux = nx * int64_t(sizeof(ActT)) / 16, ub = nb * int64_t(sizeof(ActT)) / 16;
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
+  const uint4* Bm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
+  const uint4* Cm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
   const float* dt = p.dt + b * nd;
-  int local = 0;
-  for (int64_t i = threadIdx.x; i < nx; i += blockDim.x)
-    local |= !isfinite(act_f32(x[i], p.act_f16));
-  for (int64_t i = threadIdx.x; i < nb; i += blockDim.x)
-    local |= !isfinite(act_f32(Bm[i], p.act_f16)) | !isfinite(act_f32(Cm[i], p.act_f16));
-  for (int64_t i = threadIdx.x; i < nd; i += blockDim.x) local |= !isfinite(dt[i]);
-  if (__syncthreads_or(local)) {
-    if (threadIdx.x == 0) {
-      p.status[b] = 1;
-      raise_error(p.error, kErrNonFiniteInput, slot, 0);
-    }
-    return;
+  const int64_t total = ux + 2 * ub, stride = int64_t(kValidateSplit) * blockDim.x;
+  bool local = false;
+#pragma unroll 4
+  for (int64_t u = int64_t(part) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    const uint4 v = u < ux ? x[u] : (u < ux + ub ? Bm[u - ux] : Cm[u - ux - ub]);
+    local |= nonfinite16<ActT>(v, p.act_f16);
   }
-  if (threadIdx.x == 0) p.status[b] = 0;
+  for (int64_t i = int64_t(part) * blockDim.x + threadIdx.x; i < nd; i += stride)
+    local |= !isfinite(dt[i]);
+  const int bad = __syncthreads_or(local);
+  if (threadIdx.x == 0) {
+    st[part] = bad ? 1 : 0;
+    if (bad) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+  }
 }
 
 // Validates every slot of a flush (open) into status.
@@ -154,7 +176,7 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
     st = 1;
     raise_error(p.error, kErrSlotClosed, slot, 0);
   }
-  p.status[b] = st;
+  for (int i = 0; i < kValidateSplit; ++i) p.status[b * kValidateSplit + i] = st;
 }
 
 // Shared memory of the step kernel, carved from one dynamic buffer.
@@ -337,7 +359,7 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
     replay_step_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
-  if (p.status[b] != 0) return;
+  if (!slot_ok(p, b)) return;
   const int slot = p.slots[b];
   const SlotCursors cur = p.cursors[slot];
   const int W = p.tokens, L = p.L, N = p.N, P = p.P, H = p.H, G = p.G;
@@ -407,13 +429,19 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
   __syncthreads();
 
   // ---- new ring entries of this head (x, delta); everything they overwrite is staged above
-  for (int j = 0; j < W; ++j) {
+  // (x from the staged fp32 copy: the conversion back to the activation type is exact)
+  for (int idx = threadIdx.x; idx < W * P; idx += blockDim.x) {
+    const int j = idx / P, i = idx - j * P;
     const int phys = ring_index(after, c_hist + j, L);
-    ActT* dst = static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P;
-    const ActT* src = static_cast<const ActT*>(p.x) + ((int64_t(b) * W + j) * H + h) * P;
-    for (int i = threadIdx.x; i < P; i += blockDim.x) dst[i] = src[i];
-    if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = sm.hist_delta[c_hist + j];
+    const float v = sm.hist_x[(c_hist + j) * P + i];
+    ActT* dst = static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P + i;
+    if constexpr (sizeof(ActT) == 4)
+      *dst = v;
+    else
+      *dst = p.act_f16 ? __half_as_ushort(__float2half_rn(v)) : f32_to_bf16(v);
   }
+  for (int j = threadIdx.x; j < W; j += blockDim.x)
+    sec.ring_delta[ring_index(after, c_hist + j, L) * H + h] = sm.hist_delta[c_hist + j];
   if (threadIdx.x == 0) {
     float run = 0.f;
     for (int k = 0; k < m; ++k) {
@@ -512,7 +540,7 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
 template <typename ActT>
 __global__ void verify_finalize_kernel(const ReplayParams p) {
   const int b = blockIdx.x;
-  if (p.status[b] != 0) return;
+  if (!slot_ok(p, b)) return;
   const int slot = p.slots[b];
   SlotCursors cur = p.cursors[slot];
   const int W = p.tokens, L = p.L;
@@ -521,12 +549,15 @@ __global__ void verify_finalize_kernel(const ReplayParams p) {
   SlotCursors after = cur;
   if (flush) apply_flush(after, L);
   const SlotSections sec = slot_sections(p.geo, slot);
-  const int64_t row = int64_t(p.G) * p.N;
-  for (int j = 0; j < W; ++j) {
+  // 16-byte vectors (G * N * sizeof(ActT) is a multiple of 16), all of a thread's in flight.
+  const int per_row = p.G * p.N * int(sizeof(ActT)) / 16;
+#pragma unroll 4
+  for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+    const int j = u / per_row, i = u - j * per_row;
     const int phys = ring_index(after, after.committed + j, L);
-    ActT* dst = static_cast<ActT*>(sec.ring_B) + phys * row;
-    const ActT* src = static_cast<const ActT*>(p.B) + (int64_t(b) * W + j) * row;
-    for (int64_t i = threadIdx.x; i < row; i += blockDim.x) dst[i] = src[i];
+    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B))[int64_t(phys) * per_row + i] =
+        reinterpret_cast<const uint4*>(
+            static_cast<const ActT*>(p.B))[(int64_t(b) * W + j) * per_row + i];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -566,7 +597,7 @@ template <Mode kMode, typename ActT>
 __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
-  if (p.status[b] != 0) return;
+  if (!slot_ok(p, b)) return;
   const int slot = p.slots[b];
   const SlotCursors cur = p.cursors[slot];
   const int T = p.tokens, N = p.N, P = p.P, H = p.H, G = p.G;
@@ -637,7 +668,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
 // After prefill: the committed entries are folded and the checkpoint written.
 __global__ void prefill_finalize_kernel(const ReplayParams p) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= p.batch || p.status[b] != 0) return;
+  if (b >= p.batch || !slot_ok(p, b)) return;
   const int slot = p.slots[b];
   SlotCursors cur = p.cursors[slot];
   cur.origin = (cur.origin + cur.committed) & (p.L - 1);
