@@ -1,0 +1,442 @@
+// CacheBackend on the GPU: slot storage and cursors in device memory, every operation a short
+// fixed sequence of launches on the backend's stream (src/cuda/replay_kernels.cuh).
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/replay_kernels.cuh"
+
+namespace replayssm {
+
+namespace cuda {
+
+HeadParams make_head_params(const SsmShape& shape, const LayerParams& params) {
+  check(shape.nheads <= kMaxHeads, "cuda backend: nheads ", shape.nheads, " exceeds ", kMaxHeads);
+  HeadParams head{};
+  for (int h = 0; h < shape.nheads; ++h) {
+    head.A[h] = -std::exp(params.A_log[h]);
+    head.dt_bias[h] = params.dt_bias[h];
+    head.D[h] = params.D[h];
+  }
+  head.dt_min = params.dt_min;
+  head.dt_max = params.dt_max;
+  return head;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::DeviceError;
+using cuda::DeviceStats;
+using cuda::ReplayParams;
+
+template <typename T>
+T* device_alloc(size_t count) {
+  void* p = nullptr;
+  RSSM_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+  RSSM_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+template <typename T>
+using DevicePtr = std::unique_ptr<T, DeviceFree>;
+
+// Calls f.template operator()<kMode, ActT>() for the runtime mode and activation type.
+template <typename F>
+void dispatch(Mode mode, DType act, F&& f) {
+  auto with_act = [&](auto mode_tag) {
+    constexpr Mode kMode = decltype(mode_tag)::value;
+    if (act == DType::f32)
+      f.template operator()<kMode, float>();
+    else
+      f.template operator()<kMode, uint16_t>();  // bf16 or fp16, told apart by act_f16
+  };
+  switch (mode) {
+    case Mode::fp32:
+      return with_act(std::integral_constant<Mode, Mode::fp32>{});
+    case Mode::bf16:
+      return with_act(std::integral_constant<Mode, Mode::bf16>{});
+    case Mode::fp16:
+      return with_act(std::integral_constant<Mode, Mode::fp16>{});
+    case Mode::fp16_sr:
+      return with_act(std::integral_constant<Mode, Mode::fp16_sr>{});
+    case Mode::shared_fp8:
+      return with_act(std::integral_constant<Mode, Mode::shared_fp8>{});
+    case Mode::shared_int8:
+      return with_act(std::integral_constant<Mode, Mode::shared_int8>{});
+    case Mode::separate_fp8:
+      return with_act(std::integral_constant<Mode, Mode::separate_fp8>{});
+    case Mode::separate_nvfp4:
+      return with_act(std::integral_constant<Mode, Mode::separate_nvfp4>{});
+  }
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    RSSM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+const char* error_text(int32_t code) {
+  switch (code) {
+    case cuda::kErrSlotClosed:
+      return "operation on a slot that is not open";
+    case cuda::kErrNonFiniteInput:
+      return "NaN or Inf in the inputs (x, B, C or dt); the slot was left unchanged";
+    case cuda::kErrCommitRange:
+      return "commit count outside 1..pending; the slot was left unchanged";
+    case cuda::kErrPending:
+      return "the slot has uncommitted entries from its last verify; commit them first (the slot "
+             "was left unchanged)";
+    default:
+      return "unknown device error";
+  }
+}
+
+class CudaBackend final : public CacheBackend {
+ public:
+  CudaBackend(const SsmShape& shape, const LayerParams& params, const CacheConfig& config)
+      : shape_(shape), config_(config) {
+    shape.validate();
+    params.validate(shape);
+    config.validate(shape);
+    const int N = shape.dstate;
+    check(N == 64 || N == 128 || N == 256, "cuda backend: dstate ", N,
+          " is not supported (64, 128 or 256)");
+    check(shape.headdim % 8 == 0, "cuda backend: headdim ", shape.headdim,
+          " must be a multiple of 8");
+    check(config.max_window <= cuda::kMaxWindow, "cuda backend: max_window ", config.max_window,
+          " exceeds ", cuda::kMaxWindow);
+    check(config.history <= cuda::kMaxHistory, "cuda backend: history ", config.history,
+          " exceeds ", cuda::kMaxHistory);
+    int devices = 0;
+    check(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0,
+          "cuda backend: no CUDA device is available");
+    layout_ = SlotLayout::make(shape, config);
+    // A blocking stream: work the caller enqueues on the legacy default stream (input uploads,
+    // cudaMemset, ...) is ordered with the backend's launches.
+    RSSM_CUDA_CHECK(cudaStreamCreate(&stream_));
+    storage_.reset(device_alloc<uint8_t>(layout_.total * size_t(config.num_slots)));
+    cursors_.reset(device_alloc<SlotCursors>(config.num_slots));
+    error_.reset(device_alloc<DeviceError>(1));
+    stats_.reset(device_alloc<DeviceStats>(1));
+    dense_.reset(device_alloc<float>(size_t(shape.state_elements())));
+    ensure_status(2 * config.num_slots + 64);
+    RSSM_CUDA_CHECK(cudaDeviceSynchronize());  // the zero fills of device_alloc are done
+
+    base_ = ReplayParams{};
+    base_.geo.storage = storage_.get();
+    base_.geo.slot_bytes = layout_.total;
+    for (int s = 0; s < SlotLayout::kSections; ++s) base_.geo.offset[s] = layout_.offset[s];
+    base_.geo.N = N;
+    base_.cursors = cursors_.get();
+    base_.error = error_.get();
+    base_.stats = stats_.get();
+    base_.H = shape.nheads;
+    base_.P = shape.headdim;
+    base_.N = N;
+    base_.G = shape.ngroups;
+    base_.L = config.history;
+    base_.lanes_per_row = N / 8;
+    base_.act_f16 = config.activation_dtype == DType::f16;
+    base_.key = philox_key(config.seed, config.layer);
+    base_.sr_bits = config.sr_bits;
+    base_.philox_rounds = config.philox_rounds;
+    base_.head = cuda::make_head_params(shape, params);
+    smem_ = cuda::StepSmem::bytes(config.history, N, shape.headdim);
+    check(smem_ <= 200 * 1024, "cuda backend: shape needs too much shared memory");
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  cudaStream_t stream() const { return stream_; }
+
+  // Waits for the stream and throws the first device-side error recorded since the last check.
+  void synchronize() const {
+    RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DeviceError err{};
+    RSSM_CUDA_CHECK(cudaMemcpy(&err, error_.get(), sizeof(err), cudaMemcpyDeviceToHost));
+    if (err.code == cuda::kErrNone) return;
+    RSSM_CUDA_CHECK(cudaMemset(error_.get(), 0, sizeof(DeviceError)));
+    std::string detail;
+    if (err.code == cuda::kErrCommitRange) detail = ", accepted " + std::to_string(err.value);
+    if (err.code == cuda::kErrPending) detail = ", pending " + std::to_string(err.value);
+    fail("cuda backend: ", error_text(err.code), " (slot ", err.slot, detail, "; ", err.count,
+         " device-side error(s) since the last synchronising call)");
+  }
+
+  void open(int slot, uint64_t request_id) override {
+    check_slot(slot);
+    RSSM_CUDA_CHECK(cudaMemsetAsync(slot_ptr(slot), 0, layout_.total, stream_));
+    cuda::set_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), slot, fresh_cursors(request_id));
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void release(int slot) override {
+    check_slot(slot);
+    cuda::set_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), slot, SlotCursors{});
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void fork(int src, int dst, uint64_t dst_request_id) override {
+    check_slot(src);
+    check_slot(dst);
+    RSSM_CUDA_CHECK(cudaMemcpyAsync(slot_ptr(dst), slot_ptr(src), layout_.total,
+                                    cudaMemcpyDeviceToDevice, stream_));
+    cuda::fork_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), src, dst, dst_request_id);
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  SlotCursors cursors(int slot) const override {
+    check_slot(slot);
+    synchronize();
+    SlotCursors c;
+    RSSM_CUDA_CHECK(cudaMemcpy(&c, cursors_.get() + slot, sizeof(c), cudaMemcpyDeviceToHost));
+    return c;
+  }
+
+  void prefill(const TokenBatch& batch) override {
+    check(batch.tokens >= 1, "cuda backend: prefill needs at least one token, got ", batch.tokens);
+    if (batch.batch == 0) return;
+    ReplayParams p = token_params(batch);
+    const DType act = config_.activation_dtype;
+    dispatch(config_.mode, act, [&]<Mode kMode, typename ActT>() {
+      cuda::validate_tokens_kernel<ActT>
+          <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
+      allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_);
+      cuda::prefill_kernel<kMode, ActT><<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+    });
+    cuda::prefill_finalize_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void verify(const TokenBatch& batch) override {
+    check(batch.tokens >= 1 && batch.tokens <= config_.max_window, "cuda backend: window ",
+          batch.tokens, " outside 1..max_window (", config_.max_window, ")");
+    if (batch.batch == 0) return;
+    ReplayParams p = token_params(batch);
+    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
+      cuda::validate_tokens_kernel<ActT>
+          <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
+      launch_step<kMode, ActT>(p);
+      cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
+    });
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void commit(const int32_t* slots, const int32_t* accepted, int batch) override {
+    if (batch == 0) return;
+    slots = device_ints(slots, batch, staged_slots_);
+    accepted = device_ints(accepted, batch, staged_accepted_);
+    cuda::commit_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(cursors_.get(), slots, accepted,
+                                                                  batch, error_.get());
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void flush(const int32_t* slots, int batch) override {
+    if (batch == 0) return;
+    ensure_status(batch);
+    ReplayParams p = base_;
+    p.slots = device_ints(slots, batch, staged_slots_);
+    p.batch = batch;
+    p.tokens = 0;
+    p.force_flush = true;
+    p.status = status_.get();
+    cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
+    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
+      launch_step<kMode, ActT>(p);
+      cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
+    });
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void state(int slot, int at, float* out) const override {
+    const SlotCursors c = cursors(slot);
+    check(c.live, "cuda backend: state of slot ", slot, " which is not open");
+    if (at < 0) at = c.committed;
+    check(at <= c.committed, "cuda backend: state at ", at, " beyond the ", c.committed,
+          " committed entries of slot ", slot);
+    ReplayParams p = base_;
+    p.dense = dense_.get();
+    p.at = at;
+    run_dense(p, slot, false);
+    RSSM_CUDA_CHECK(cudaMemcpyAsync(out, dense_.get(), shape_.state_elements() * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    synchronize();
+  }
+
+  SlotImage read_slot(int slot) const override {
+    SlotImage image;
+    image.cursors = cursors(slot);
+    image.bytes.resize(layout_.total);
+    RSSM_CUDA_CHECK(
+        cudaMemcpy(image.bytes.data(), slot_ptr(slot), layout_.total, cudaMemcpyDeviceToHost));
+    return image;
+  }
+
+  void write_slot(int slot, const SlotImage& image) override {
+    check_slot(slot);
+    check(image.bytes.size() == layout_.total, "cuda backend: slot image of ", image.bytes.size(),
+          " bytes, expected ", layout_.total);
+    synchronize();
+    RSSM_CUDA_CHECK(
+        cudaMemcpy(slot_ptr(slot), image.bytes.data(), layout_.total, cudaMemcpyHostToDevice));
+    RSSM_CUDA_CHECK(cudaMemcpy(cursors_.get() + slot, &image.cursors, sizeof(SlotCursors),
+                               cudaMemcpyHostToDevice));
+  }
+
+  void import_state(int slot, uint64_t request_id, const float* state) override {
+    check_slot(slot);
+    synchronize();
+    RSSM_CUDA_CHECK(cudaMemcpy(dense_.get(), state, shape_.state_elements() * sizeof(float),
+                               cudaMemcpyHostToDevice));
+    open(slot, request_id);
+    ReplayParams p = base_;
+    p.dense = dense_.get();
+    run_dense(p, slot, true);
+    SlotCursors c = fresh_cursors(request_id);
+    c.flush_index = 1;  // one checkpoint write (flush index 0) happened
+    cuda::set_cursors_kernel<<<1, 1, 0, stream_>>>(cursors_.get(), slot, c);
+    RSSM_CUDA_CHECK(cudaGetLastError());
+    writes_by_import_ += 1;
+    synchronize();
+  }
+
+  CacheStats stats() const override {
+    synchronize();
+    DeviceStats d{};
+    RSSM_CUDA_CHECK(cudaMemcpy(&d, stats_.get(), sizeof(d), cudaMemcpyDeviceToHost));
+    CacheStats s;
+    s.flushes = d.flushes;
+    s.saturated = d.saturated;
+    s.checkpoint_writes = d.checkpoint_writes + writes_by_import_;
+    s.nonfinite = d.nonfinite;
+    return s;
+  }
+
+ private:
+  void check_slot(int slot) const {
+    check(slot >= 0 && slot < config_.num_slots, "cuda backend: slot ", slot, " outside 0..",
+          config_.num_slots - 1);
+  }
+  uint8_t* slot_ptr(int slot) const { return storage_.get() + size_t(slot) * layout_.total; }
+
+  void ensure_status(int batch) {
+    if (batch <= status_capacity_) return;
+    if (status_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
+    status_.reset(device_alloc<int32_t>(size_t(batch) * cuda::kValidateSplit));
+    status_capacity_ = batch;
+  }
+
+  struct Staging {
+    DevicePtr<int32_t> buffer;
+    int capacity = 0;
+  };
+
+  // Slot lists and accepted counts may be in host memory (the facade allows it): they are copied
+  // to a staging buffer in stream order. Device arrays (the graph-capturable path) pass through.
+  const int32_t* device_ints(const int32_t* values, int count, Staging& staging) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, values) == cudaSuccess &&
+        (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged))
+      return values;
+    (void)cudaGetLastError();
+    if (count > staging.capacity) {
+      RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      staging.buffer.reset(device_alloc<int32_t>(size_t(count)));
+      staging.capacity = count;
+    }
+    RSSM_CUDA_CHECK(cudaMemcpyAsync(staging.buffer.get(), values, size_t(count) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream_));
+    return staging.buffer.get();
+  }
+
+  ReplayParams token_params(const TokenBatch& batch) {
+    check(batch.y_dtype == DType::f32 || batch.y_dtype == config_.activation_dtype,
+          "cuda backend: y dtype ", dtype_name(batch.y_dtype), " must be f32 or the activation",
+          " dtype");
+    ensure_status(batch.batch);
+    ReplayParams p = base_;
+    p.slots = device_ints(batch.slots, batch.batch, staged_slots_);
+    p.batch = batch.batch;
+    p.tokens = batch.tokens;
+    p.x = batch.x;
+    p.B = batch.B;
+    p.C = batch.C;
+    p.dt = batch.dt;
+    p.y = batch.y;
+    p.y_dtype = batch.y_dtype;
+    p.status = status_.get();
+    return p;
+  }
+
+  // The non-flushing and the flushing slots of a step, in that order (see replay_step_kernel).
+  template <Mode kMode, typename ActT>
+  void launch_step(const ReplayParams& p) {
+    allow_smem(cuda::replay_step_kernel<kMode, ActT, false>, smem_);
+    allow_smem(cuda::replay_step_kernel<kMode, ActT, true>, smem_);
+    cuda::replay_step_kernel<kMode, ActT, false>
+        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+    cuda::replay_step_kernel<kMode, ActT, true>
+        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+  }
+
+  void run_dense(ReplayParams& p, int slot, bool encode) const {
+    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
+      allow_smem(cuda::dense_kernel<kMode, ActT>, smem_);
+      cuda::dense_kernel<kMode, ActT>
+          <<<shape_.nheads, cuda::kStepThreads, smem_, stream_>>>(p, slot, encode);
+    });
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  }
+
+  SsmShape shape_;
+  CacheConfig config_;
+  SlotLayout layout_;
+  cudaStream_t stream_ = nullptr;
+  DevicePtr<uint8_t> storage_;
+  DevicePtr<SlotCursors> cursors_;
+  DevicePtr<DeviceError> error_;
+  DevicePtr<DeviceStats> stats_;
+  DevicePtr<float> dense_;
+  DevicePtr<int32_t> status_;
+  int status_capacity_ = 0;
+  Staging staged_slots_, staged_accepted_;
+  uint64_t writes_by_import_ = 0;
+  ReplayParams base_;
+  size_t smem_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CacheBackend> make_cuda_backend(const SsmShape& shape, const LayerParams& params,
+                                                const CacheConfig& config) {
+  return std::make_unique<CudaBackend>(shape, params, config);
+}
+
+bool cuda_device_available() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+cudaStream_t cuda_backend_stream(CacheBackend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  check(cuda != nullptr, "cuda_backend_stream: not a CUDA backend");
+  return cuda->stream();
+}
+
+void cuda_backend_synchronize(CacheBackend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  check(cuda != nullptr, "cuda_backend_synchronize: not a CUDA backend");
+  cuda->synchronize();
+}
+
+}  // namespace replayssm

@@ -1,0 +1,228 @@
+// Small device helpers shared by the CUDA kernels: error checks, 8-element vector loads and stores
+// of the activation / state types, the dt processing of SPEC section 2, and warp reductions over
+// the lanes that hold one state row.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/formats.h"
+#include "replayssm/error.h"
+#include "replayssm/types.h"
+
+#define RSSM_CUDA_CHECK(expr)                                                                     \
+  do {                                                                                            \
+    const cudaError_t rssm_status_ = (expr);                                                      \
+    if (rssm_status_ != cudaSuccess)                                                              \
+      ::replayssm::fail("CUDA error '", cudaGetErrorString(rssm_status_), "' at ", __FILE__, ":", \
+                        __LINE__, " in ", #expr);                                                 \
+  } while (0)
+
+namespace replayssm::cuda {
+
+// Largest number of heads whose per-head scalars travel inside a kernel's parameter struct.
+inline constexpr int kMaxHeads = 512;
+
+// Per-head scalars of one layer, passed by value (graph capture needs no device allocation).
+struct HeadParams {
+  float A[kMaxHeads];        // -exp(A_log)
+  float dt_bias[kMaxHeads];  // added to the raw dt before softplus
+  float D[kMaxHeads];        // skip connection
+  float dt_min;
+  float dt_max;
+};
+
+HeadParams make_head_params(const SsmShape& shape, const LayerParams& params);
+
+// delta = softplus(dt + dt_bias), softplus(u) = u for u > 20, then clamp to [dt_min, dt_max].
+__device__ __forceinline__ float process_dt(float dt, float bias, float dt_min, float dt_max) {
+  const float u = dt + bias;
+  float delta = u > 20.f ? u : log1pf(expf(u));
+  delta = fmaxf(delta, dt_min);
+  delta = fminf(delta, dt_max);
+  return delta;
+}
+
+// exp(min(arg, 0)): every decay of SPEC section 3 has a non-positive exponent in exact arithmetic.
+__device__ __forceinline__ float decay(float arg) { return expf(fminf(arg, 0.f)); }
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+
+// Eight consecutive elements, 16-byte aligned for 2-byte types and 32-byte for fp32.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = to_f32<T>(h[i]);
+  }
+}
+
+// Activations of the replay cache: fp32, or 16-bit storage that is bf16 or fp16 by a runtime flag
+// (one instantiation for both 16-bit types).
+template <typename ActT>
+__device__ __forceinline__ float act_f32(ActT v, bool f16) {
+  if constexpr (sizeof(ActT) == 4) {
+    return v;
+  } else {
+    return f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(uint32_t(v) << 16);
+  }
+}
+
+template <typename ActT>
+__device__ __forceinline__ void load8_act(const ActT* p, bool f16, float (&out)[8]) {
+  if constexpr (sizeof(ActT) == 4) {
+    load8(p, out);
+  } else if (f16) {
+    load8(reinterpret_cast<const __half*>(p), out);
+  } else {
+    load8(reinterpret_cast<const __nv_bfloat16*>(p), out);
+  }
+}
+
+// Eight raw 16-bit codes.
+__device__ __forceinline__ void load8_u16(const void* p, uint16_t (&out)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = h[i];
+}
+
+__device__ __forceinline__ void store8_u16(void* p, const uint16_t (&v)[8]) {
+  uint4 raw;
+  uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h[i] = v[i];
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ void store8_f32(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+__device__ __forceinline__ float load_scalar(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_scalar(void* p, DType dtype, int64_t i, float v) {
+  switch (dtype) {
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      return;
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      return;
+    default:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      return;
+  }
+}
+
+// Sum / max over the `lanes` consecutive lanes (a power of two <= 32) that hold one row.
+__device__ __forceinline__ float row_sum(float v, int lanes) {
+  for (int o = lanes >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// NaN-sticky max of magnitudes, the rule of formats.h's row_amax (max is order independent).
+__device__ __forceinline__ float amax_combine(float m, float a) {
+  return (a > m || a != a) ? a : m;
+}
+__device__ __forceinline__ float row_amax(float m, int lanes) {
+  for (int o = lanes >> 1; o > 0; o >>= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
+  return m;
+}
+
+// Reduces four per-lane values over the `lanes` (>= 4, a power of two) lanes of a row by
+// recursive halving: returns the full sum of value index lane_in_row / (lanes / 4).
+__device__ __forceinline__ float row_sum4(float (&v)[4], int lane_in_row, int lanes) {
+  int o = lanes >> 1;
+  {
+    const bool upper = (lane_in_row & o) != 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float send = upper ? v[i] : v[i + 2];
+      const float keep = upper ? v[i + 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    o >>= 1;
+  }
+  {
+    const bool upper = (lane_in_row & o) != 0;
+    const float send = upper ? v[0] : v[1];
+    const float keep = upper ? v[1] : v[0];
+    v[0] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    o >>= 1;
+  }
+  float s = v[0];
+  for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// Reduces eight per-lane values over the `lanes` (8, 16 or 32) lanes of a row by recursive
+// halving: returns the full sum of value index lane_in_row / (lanes / 8).
+__device__ __forceinline__ float row_sum8(float (&v)[8], int lane_in_row, int lanes) {
+  int o = lanes >> 1;
+  {
+    const bool upper = (lane_in_row & o) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float send = upper ? v[i] : v[i + 4];
+      const float keep = upper ? v[i + 4] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    o >>= 1;
+  }
+  {
+    const bool upper = (lane_in_row & o) != 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float send = upper ? v[i] : v[i + 2];
+      const float keep = upper ? v[i + 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    o >>= 1;
+  }
+  {
+    const bool upper = (lane_in_row & o) != 0;
+    const float send = upper ? v[0] : v[1];
+    const float keep = upper ? v[1] : v[0];
+    v[0] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    o >>= 1;
+  }
+  float s = v[0];
+  for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+}  // namespace replayssm::cuda

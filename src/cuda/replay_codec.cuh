@@ -1,0 +1,379 @@
+// Checkpoint codecs of SPEC section 5 for one 8-element chunk of a row, as the replay kernels
+// hold it: a row of N elements is spread over N/8 consecutive lanes. The per-element conversions
+// are the ones of core/formats.h and the float operations follow the order documented there
+// (row amax, inv = max / amax, code = convert(value * inv), scale = amax / max), so the codes are
+// bit-identical to cache/checkpoint_codec.h's row functions given the same fp32 row. The row amax
+// is a NaN-sticky max and therefore independent of the reduction order.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "cache/checkpoint_codec.h"
+#include "cuda/cuda_common.cuh"
+
+namespace replayssm::cuda {
+
+// Byte offsets of one slot's sections (SlotLayout) and the row geometry.
+struct SlotGeometry {
+  uint8_t* storage;  // [num_slots, slot_bytes]
+  size_t slot_bytes;
+  size_t offset[SlotLayout::kSections];
+  int N;  // dstate
+};
+
+struct SlotSections {
+  void* rec;
+  float* rec_scale;
+  uint8_t* read;
+  uint8_t* read_block_scale;
+  float* read_scale;
+  void* ring_x;
+  void* ring_B;
+  float* ring_delta;
+};
+
+__device__ __forceinline__ SlotSections slot_sections(const SlotGeometry& g, int slot) {
+  uint8_t* base = g.storage + size_t(slot) * g.slot_bytes;
+  SlotSections s;
+  s.rec = base + g.offset[SlotLayout::rec];
+  s.rec_scale = reinterpret_cast<float*>(base + g.offset[SlotLayout::rec_scale]);
+  s.read = base + g.offset[SlotLayout::read];
+  s.read_block_scale = base + g.offset[SlotLayout::read_block_scale];
+  s.read_scale = reinterpret_cast<float*>(base + g.offset[SlotLayout::read_scale]);
+  s.ring_x = base + g.offset[SlotLayout::ring_x];
+  s.ring_B = base + g.offset[SlotLayout::ring_B];
+  s.ring_delta = reinterpret_cast<float*>(base + g.offset[SlotLayout::ring_delta]);
+  return s;
+}
+
+__device__ __forceinline__ void load8_bytes(const uint8_t* p, uint8_t (&b)[8]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  const uint8_t* q = reinterpret_cast<const uint8_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) b[i] = q[i];
+}
+
+// Eight e4m3 codes to fp32 through the hardware converter (exact: e4m3 -> fp16 -> fp32).
+__device__ __forceinline__ void e4m3x8_to_f32(const uint8_t (&c)[8], float (&v)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        __nv_fp8x2_storage_t(uint16_t(c[i]) | uint16_t(c[i + 1]) << 8), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    v[i] = f.x;
+    v[i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void store8_bytes(uint8_t* p, const uint8_t (&b)[8]) {
+  uint2 raw;
+  uint8_t* q = reinterpret_cast<uint8_t*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q[i] = b[i];
+  *reinterpret_cast<uint2*>(p) = raw;
+}
+
+// Recurrence checkpoint, decoded to fp32: elements [n0, n0 + 8) of row `row` (= h * P + p).
+template <Mode kMode>
+__device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, int n0, int N,
+                                          float (&v)[8]) {
+  const int64_t e = row * N + n0;
+  if constexpr (kMode == Mode::fp32) {
+    load8(static_cast<const float*>(s.rec) + e, v);
+  } else if constexpr (kMode == Mode::bf16) {
+    load8(static_cast<const __nv_bfloat16*>(s.rec) + e, v);
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    uint8_t c[8];
+    load8_bytes(static_cast<const uint8_t*>(s.rec) + e, c);
+    const float scale = s.rec_scale[row];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float code = kMode == Mode::shared_fp8 ? e4m3_to_f32(c[i])
+                                                   : static_cast<float>(static_cast<int8_t>(c[i]));
+      v[i] = __fmul_rn(code, scale);
+    }
+  } else {  // fp16, fp16-sr and the separate modes' carrier
+    load8(static_cast<const __half*>(s.rec) + e, v);
+  }
+}
+
+// Values of the read checkpoint and the row scale: y_row = scale * sum_n v[n] * C[n].
+template <Mode kMode>
+__device__ __forceinline__ float load_read8(const SlotSections& s, int64_t row, int n0, int N,
+                                            float (&v)[8]) {
+  const int64_t e = row * N + n0;
+  if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    uint8_t c[8];
+    load8_bytes(static_cast<const uint8_t*>(s.rec) + e, c);
+    if constexpr (kMode == Mode::shared_fp8) {
+      e4m3x8_to_f32(c, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(c[i]));
+    }
+    return s.rec_scale[row];
+  } else if constexpr (kMode == Mode::separate_fp8) {
+    uint8_t c[8];
+    load8_bytes(s.read + e, c);
+    e4m3x8_to_f32(c, v);
+    return s.read_scale[row];
+  } else if constexpr (kMode == Mode::separate_nvfp4) {
+    const uint32_t packed = *reinterpret_cast<const uint32_t*>(s.read + e / 2);
+    const float d = e4m3_to_f32(s.read_block_scale[e / 16]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = e2m1_to_f32(uint8_t((packed >> (4 * i)) & 0xfu)) * d;
+    return s.read_scale[row];
+  } else {
+    load_rec8<kMode>(s, row, n0, N, v);
+    return 1.f;
+  }
+}
+
+// The raw bytes of one 8-element chunk of the recurrence (rec = true) or read checkpoint, loaded
+// without any dependent instruction so that the loads of several rows stay in flight while the
+// thread does other work; decode_raw8 turns them into values later.
+struct RawChunk {
+  uint4 lo, hi;    // up to 32 bytes of codes
+  float scale;     // row scale (8/4-bit modes)
+  uint32_t extra;  // nvfp4 block scale
+};
+
+template <Mode kMode>
+__device__ __forceinline__ void load_raw8(const SlotSections& s, int64_t row, int n0, int N,
+                                          bool rec, RawChunk& c) {
+  const int64_t e = row * N + n0;
+  c.scale = 1.f;
+  if constexpr (kMode == Mode::fp32) {
+    c.lo = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[0];
+    c.hi = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[1];
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    const uint2 r = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(s.rec) + e);
+    c.lo.x = r.x, c.lo.y = r.y;
+    c.scale = s.rec_scale[row];
+  } else if constexpr (kMode == Mode::separate_fp8) {
+    if (rec) {
+      c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+    } else {
+      const uint2 r = *reinterpret_cast<const uint2*>(s.read + e);
+      c.lo.x = r.x, c.lo.y = r.y;
+      c.scale = s.read_scale[row];
+    }
+  } else if constexpr (kMode == Mode::separate_nvfp4) {
+    if (rec) {
+      c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+    } else {
+      c.lo.x = *reinterpret_cast<const uint32_t*>(s.read + e / 2);
+      c.extra = s.read_block_scale[e / 16];
+      c.scale = s.read_scale[row];
+    }
+  } else {  // bf16, fp16, fp16-sr
+    c.lo = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(s.rec) + e);
+  }
+}
+
+// Values of a RawChunk: the decoded recurrence state (rec, returns 1) or the read values and the
+// row scale, exactly as load_rec8 / load_read8 compute them.
+template <Mode kMode>
+__device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float (&v)[8]) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(&c.lo);
+  if constexpr (kMode == Mode::fp32) {
+    const float* f = reinterpret_cast<const float*>(&c.lo);
+    const float* g = reinterpret_cast<const float*>(&c.hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = f[i], v[i + 4] = g[i];
+    return 1.f;
+  } else if constexpr (kMode == Mode::bf16) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_to_f32(h[i]);
+    return 1.f;
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&c.lo);
+    uint8_t codes[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) codes[i] = b[i];
+    if constexpr (kMode == Mode::shared_fp8) {
+      e4m3x8_to_f32(codes, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(codes[i]));
+    }
+    if (!rec) return c.scale;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], c.scale);
+    return 1.f;
+  } else {
+    if (kMode == Mode::separate_fp8 && !rec) {
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&c.lo);
+      uint8_t codes[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) codes[i] = b[i];
+      e4m3x8_to_f32(codes, v);
+      return c.scale;
+    }
+    if (kMode == Mode::separate_nvfp4 && !rec) {
+      const float d = e4m3_to_f32(uint8_t(c.extra));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = e2m1_to_f32(uint8_t((c.lo.x >> (4 * i)) & 0xfu)) * d;
+      return c.scale;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __half2float(__ushort_as_half(h[i]));
+    return 1.f;
+  }
+}
+
+// Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0).
+__device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
+                                              uint16_t (&out)[8]) {
+  int saturated = 0;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const U32x4 r = philox4x32(sr_counter(sr, e + 4 * q), sr.key, sr.rounds);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bool sat = false;
+      out[4 * q + k] = f32_to_f16_sr(v[4 * q + k], r.v[k], sr.bits, &sat);
+      saturated += sat ? 1 : 0;
+    }
+  }
+  return saturated;
+}
+
+// Row amax over the lanes of the row (all lanes of the warp take part).
+__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = amax_combine(m, detail::abs_f32(v[i]));
+  return row_amax(m, lanes);
+}
+
+// 8-bit row codec (e4m3: kMax = 448, int8: 127). Returns the row scale; rv = code values.
+template <bool kFp8>
+__device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes, uint8_t (&c)[8],
+                                                 float (&rv)[8]) {
+  const float amax = chunk_amax(v, lanes);
+  const float kmax = kFp8 ? kE4m3Max : kInt8Max;
+  if (detail::is_zero_row(amax)) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c[i] = 0, rv[i] = 0.f;
+    return 0.f;
+  }
+  const float inv = __fdiv_rn(kmax, amax);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float t = __fmul_rn(v[i], inv);
+    if constexpr (kFp8) {
+      c[i] = f32_to_e4m3(t);
+      rv[i] = e4m3_to_f32(c[i]);
+    } else {
+      const int8_t q = f32_to_int8(t);
+      c[i] = uint8_t(q);
+      rv[i] = float(q);
+    }
+  }
+  return __fdiv_rn(amax, kmax);
+}
+
+// NVFP4 row codec (formats.h encode_row_nvfp4). The 16-element block of this lane's chunk is
+// shared with lane ^ 1. Writes 4 packed bytes and (even lanes) the block scale.
+__device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, uint32_t& packed,
+                                               uint8_t& block_scale, float (&rv)[8]) {
+  const float amax = chunk_amax(v, lanes);
+  if (detail::is_zero_row(amax)) {
+    packed = 0;
+    block_scale = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rv[i] = 0.f;
+    return 0.f;
+  }
+  constexpr float kGlobal = kE4m3Max * kE2m1Max;
+  const float g = __fdiv_rn(kGlobal, amax);
+  float bm = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) bm = amax_combine(bm, detail::abs_f32(v[i]));
+  bm = amax_combine(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
+  float s = __fdiv_rn(bm, kE2m1Max);
+  s = __fmul_rn(s, g);
+  block_scale = f32_to_e4m3(s);
+  const float d = e4m3_to_f32(block_scale);
+  const bool live = d > 0.f;
+  const float k = live ? __fdiv_rn(g, d) : 0.f;
+  packed = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t code = live ? f32_to_e2m1(__fmul_rn(v[i], k)) : uint8_t(0);
+    packed |= uint32_t(code) << (4 * i);
+    rv[i] = e2m1_to_f32(code) * d;
+  }
+  return __fdiv_rn(amax, kGlobal);
+}
+
+// Writes elements [n0, n0+8) of row `row` of every checkpoint of the mode from the fp32 values
+// `v`. All lanes of the warp must call it (row reductions). Returns the values the readout
+// multiplies with C (rv) and the row scale, as load_read8 would return them from the new codes;
+// adds the number of fp16-saturated elements to *saturated.
+template <Mode kMode>
+__device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
+                                         int lane_in_row, int lanes, const float (&v)[8],
+                                         const SrContext& sr, float (&rv)[8], int* saturated) {
+  const int64_t e = row * N + n0;
+  if constexpr (kMode == Mode::fp32) {
+    store8_f32(static_cast<float*>(s.rec) + e, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rv[i] = v[i];
+    return 1.f;
+  } else if constexpr (kMode == Mode::bf16) {
+    uint16_t c[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c[i] = f32_to_bf16(v[i]), rv[i] = bf16_to_f32(c[i]);
+    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    return 1.f;
+  } else if constexpr (kMode == Mode::fp16) {
+    uint16_t c[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uint16_t hb = f32_to_f16(v[i]);
+      if ((hb & 0x7fffu) == 0x7c00u) {
+        hb = uint16_t((hb & 0x8000u) | 0x7bffu);
+        ++*saturated;
+      }
+      c[i] = hb;
+      rv[i] = f16_to_f32(hb);
+    }
+    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    return 1.f;
+  } else if constexpr (kMode == Mode::fp16_sr) {
+    uint16_t c[8];
+    *saturated += encode8_f16_sr(v, uint64_t(e), sr, c);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(c[i]);
+    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    return 1.f;
+  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
+    uint8_t c[8];
+    const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, lanes, c, rv);
+    store8_bytes(static_cast<uint8_t*>(s.rec) + e, c);
+    if (lane_in_row == 0) s.rec_scale[row] = scale;
+    return scale;
+  } else {
+    float scale;
+    if constexpr (kMode == Mode::separate_fp8) {
+      uint8_t c[8];
+      scale = encode8_row8bit<true>(v, lanes, c, rv);
+      store8_bytes(s.read + e, c);
+    } else {
+      uint32_t packed;
+      uint8_t bs;
+      scale = encode8_nvfp4(v, lanes, packed, bs, rv);
+      *reinterpret_cast<uint32_t*>(s.read + e / 2) = packed;
+      if ((lane_in_row & 1) == 0) s.read_block_scale[e / 16] = bs;
+    }
+    if (lane_in_row == 0) s.read_scale[row] = scale;
+    uint16_t c[8];
+    *saturated += encode8_f16_sr(v, uint64_t(e), sr, c);
+    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    return scale;
+  }
+}
+
+}  // namespace replayssm::cuda

@@ -1,0 +1,523 @@
+// The CUDA backend against the CPU reference (SPEC 7.6): one random sequence of operations
+// (prefill chunks, verify W = 1..8 with random accepted counts, flushes, forks, releases, mixed
+// batches with padding) is driven through ReplayCache(cpu) and ReplayCache(cuda), comparing every
+// output and the raw slot images. Also: the standard-decode baseline against the CPU one, a CUDA
+// graph of verify + commit replayed with new inputs, and device-side errors. Tolerances are
+// justified in docs/cuda.md.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "cache/checkpoint_codec.h"
+#include "cache/layout.h"
+#include "cuda/cuda_backend.h"
+#include "replayssm/cache.h"
+#include "replayssm/error.h"
+#include "replayssm/standard_decode.h"
+#include "ssm_test_util.h"
+
+namespace replayssm {
+namespace {
+
+using testing::random_params;
+using testing::random_tokens;
+using testing::rel_l2;
+using testing::Tokens;
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A device copy of a host byte vector, freed on destruction.
+struct DeviceBytes {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBytes() = default;
+  explicit DeviceBytes(size_t n) : bytes(n) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(n, 1)), cudaSuccess);
+  }
+  template <typename T>
+  explicit DeviceBytes(const std::vector<T>& host) : DeviceBytes(host.size() * sizeof(T)) {
+    upload(host);
+  }
+  template <typename T>
+  void upload(const std::vector<T>& host) {
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  template <typename T>
+  std::vector<T> download(size_t count) const {
+    std::vector<T> out(count);
+    EXPECT_EQ(cudaMemcpy(out.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+  ~DeviceBytes() { cudaFree(ptr); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+TensorView dview(void* p, DType dtype, std::vector<int64_t> shape) {
+  return TensorView{p, dtype, std::move(shape), MemoryKind::cuda};
+}
+
+// Tokens in device memory, plus a poisoned fp32 y.
+struct DeviceTokens {
+  DeviceBytes x, B, C, dt, y;
+  int batch, tokens;
+  DeviceTokens(const SsmShape& s, const Tokens& tk)
+      : x(tk.x),
+        B(tk.B),
+        C(tk.C),
+        dt(tk.dt),
+        y(size_t(tk.batch) * tk.tokens * s.nheads * s.headdim * sizeof(float)),
+        batch(tk.batch),
+        tokens(tk.tokens) {
+    EXPECT_EQ(cudaMemset(y.ptr, 0xff, y.bytes), cudaSuccess);  // NaN poison
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  TensorView vx(const SsmShape& s, DType act) {
+    return dview(x.ptr, act, {batch, tokens, s.nheads, s.headdim});
+  }
+  TensorView vB(const SsmShape& s, DType act) {
+    return dview(B.ptr, act, {batch, tokens, s.ngroups, s.dstate});
+  }
+  TensorView vC(const SsmShape& s, DType act) {
+    return dview(C.ptr, act, {batch, tokens, s.ngroups, s.dstate});
+  }
+  TensorView vdt(const SsmShape& s) { return dview(dt.ptr, DType::f32, {batch, tokens, s.nheads}); }
+  TensorView vy(const SsmShape& s) {
+    return dview(y.ptr, DType::f32, {batch, tokens, s.nheads, s.headdim});
+  }
+};
+
+// y rows of non-padding batch entries only.
+std::vector<float> live_rows(const std::vector<float>& y, const std::vector<int32_t>& slots,
+                             size_t per_row) {
+  std::vector<float> out;
+  for (size_t b = 0; b < slots.size(); ++b)
+    if (slots[b] != kPaddingSlot)
+      out.insert(out.end(), y.begin() + b * per_row, y.begin() + (b + 1) * per_row);
+  return out;
+}
+
+// Tolerances (docs/cuda.md): fp32 outputs ~1e-5 relative (summation order, expf ulps);
+// quantized modes share codes except for rare nearest-rounding ties.
+double y_tolerance(Mode mode) { return mode == Mode::fp32 ? 2e-5 : 2e-4; }
+
+struct SlotDiff {
+  double ckpt_rel = 0;       // rel L2 of the decoded recurrence checkpoints
+  size_t code_mismatch = 0;  // differing checkpoint bytes
+  size_t code_bytes = 0;
+  bool cursors_equal = true;
+  bool ring_equal = true;  // ring x and B bytes
+  double delta_rel = 0;
+};
+
+SlotDiff compare_slot(const SsmShape& shape, const CacheConfig& cfg, const SlotImage& cpu,
+                      const SlotImage& gpu) {
+  const SlotLayout L = SlotLayout::make(shape, cfg);
+  SlotDiff d;
+  d.cursors_equal = std::memcmp(&cpu.cursors, &gpu.cursors, sizeof(SlotCursors)) == 0;
+  auto sec = [&](const SlotImage& im, SlotLayout::Section s) {
+    return im.bytes.data() + L.offset[s];
+  };
+  // Code sections only; the fp32 row scales are compared through the decoded values.
+  for (auto s : {SlotLayout::rec, SlotLayout::read, SlotLayout::read_block_scale}) {
+    for (size_t i = 0; i < L.size[s]; ++i) d.code_mismatch += sec(cpu, s)[i] != sec(gpu, s)[i];
+    d.code_bytes += L.size[s];
+  }
+  for (auto s : {SlotLayout::ring_x, SlotLayout::ring_B})
+    d.ring_equal = d.ring_equal && std::memcmp(sec(cpu, s), sec(gpu, s), L.size[s]) == 0;
+  const size_t nd = L.size[SlotLayout::ring_delta] / sizeof(float);
+  std::vector<float> dc(nd), dg(nd);
+  std::memcpy(dc.data(), sec(cpu, SlotLayout::ring_delta), nd * sizeof(float));
+  std::memcpy(dg.data(), sec(gpu, SlotLayout::ring_delta), nd * sizeof(float));
+  d.delta_rel = rel_l2(dg, dc);
+  // Decoded recurrence checkpoints.
+  auto ck = [&](const SlotImage& im) {
+    auto* b = const_cast<uint8_t*>(im.bytes.data());
+    auto ptr = [&](SlotLayout::Section s) -> uint8_t* {
+      return L.size[s] ? b + L.offset[s] : nullptr;
+    };
+    return SlotCheckpoint{ptr(SlotLayout::rec),
+                          reinterpret_cast<float*>(ptr(SlotLayout::rec_scale)),
+                          ptr(SlotLayout::read), ptr(SlotLayout::read_block_scale),
+                          reinterpret_cast<float*>(ptr(SlotLayout::read_scale))};
+  };
+  const int rows = shape.nheads * shape.headdim, N = shape.dstate;
+  std::vector<float> a(size_t(rows) * N), b(size_t(rows) * N);
+  for (int r = 0; r < rows; ++r) {
+    decode_recurrence_row(cfg.mode, ck(cpu), r, N, a.data() + size_t(r) * N);
+    decode_recurrence_row(cfg.mode, ck(gpu), r, N, b.data() + size_t(r) * N);
+  }
+  d.ckpt_rel = rel_l2(b, a);
+  return d;
+}
+
+struct Case {
+  Mode mode;
+  DType act;
+};
+
+class CudaVsCpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaVsCpu, RandomOperationSequence) {
+  SKIP_WITHOUT_DEVICE();
+  const Mode mode = GetParam().mode;
+  const DType act = GetParam().act;
+  const SsmShape shape{8, 16, 64, 2};
+  std::mt19937_64 rng(77 + int(mode) * 13 + int(act));
+  const LayerParams params = random_params(shape, rng);
+  CacheConfig cfg;
+  cfg.mode = mode;
+  cfg.num_slots = 8;
+  cfg.activation_dtype = act;
+  cfg.seed = 99;
+  cfg.layer = 3;
+  ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+  ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+  const size_t per_token = size_t(shape.nheads) * shape.headdim;
+  std::vector<int> live;
+  uint64_t next_request = 1000;
+  for (int s = 0; s < 4; ++s) {
+    cpu.open(s, next_request);
+    gpu.open(s, next_request);
+    ++next_request;
+    live.push_back(s);
+  }
+  auto batch_slots = [&]() {
+    std::vector<int32_t> slots(live.begin(), live.end());
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.insert(slots.begin() + long(rng() % (slots.size() + 1)), kPaddingSlot);
+    return slots;
+  };
+  double worst_y = 0, worst_ckpt = 0;
+  size_t mismatched = 0, code_bytes = 0;
+  std::uniform_int_distribution<int> window(1, 8);
+  for (int step = 0; step < 70; ++step) {
+    const int op = int(rng() % 20);
+    std::vector<int32_t> slots = batch_slots();
+    const int B = int(slots.size());
+    const bool device_slots = (step % 3) == 0;
+    DeviceBytes dslots(slots);
+    auto slots_view = [&](bool on_device) {
+      return on_device ? dview(dslots.ptr, DType::i32, {B})
+                       : host_view(slots.data(), DType::i32, {B});
+    };
+    if (op < 2 || step == 0) {  // prefill chunk
+      const int T = 1 + int(rng() % 5);
+      Tokens tk = random_tokens(shape, act, B, T, rng);
+      DeviceTokens dt(shape, tk);
+      std::vector<float> ycpu(size_t(B) * T * per_token, NAN);
+      cpu.prefill(slots_view(false), tk.view_x(shape), tk.view_B(shape), tk.view_C(shape),
+                  tk.view_dt(shape),
+                  host_view(ycpu.data(), DType::f32, {B, T, shape.nheads, shape.headdim}));
+      gpu.prefill(slots_view(device_slots), dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act),
+                  dt.vdt(shape), dt.vy(shape));
+      const auto ygpu = dt.y.download<float>(ycpu.size());
+      const double e =
+          rel_l2(live_rows(ygpu, slots, T * per_token), live_rows(ycpu, slots, T * per_token));
+      EXPECT_LT(e, y_tolerance(mode)) << "prefill step " << step;
+      worst_y = std::max(worst_y, e);
+    } else if (op == 2) {  // explicit flush
+      cpu.flush(slots_view(false));
+      gpu.flush(slots_view(device_slots));
+    } else if (op == 3 && live.size() < 6) {  // fork a random live slot into a free one
+      int dst = 0;
+      while (std::find(live.begin(), live.end(), dst) != live.end()) ++dst;
+      const int src = live[rng() % live.size()];
+      cpu.fork(src, dst, next_request);
+      gpu.fork(src, dst, next_request);
+      ++next_request;
+      live.push_back(dst);
+    } else if (op == 4 && live.size() > 2) {  // release
+      const size_t i = rng() % live.size();
+      cpu.release(live[i]);
+      gpu.release(live[i]);
+      live.erase(live.begin() + long(i));
+    } else {  // verify + commit
+      const int W = window(rng);
+      Tokens tk = random_tokens(shape, act, B, W, rng);
+      DeviceTokens dt(shape, tk);
+      std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
+      cpu.verify(slots_view(false), tk.view_x(shape), tk.view_B(shape), tk.view_C(shape),
+                 tk.view_dt(shape),
+                 host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
+      gpu.verify(slots_view(device_slots), dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act),
+                 dt.vdt(shape), dt.vy(shape));
+      const auto ygpu = dt.y.download<float>(ycpu.size());
+      const double e =
+          rel_l2(live_rows(ygpu, slots, W * per_token), live_rows(ycpu, slots, W * per_token));
+      EXPECT_LT(e, y_tolerance(mode)) << "verify step " << step << " W " << W;
+      worst_y = std::max(worst_y, e);
+      std::vector<int32_t> accepted(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
+      DeviceBytes dacc(accepted);
+      cpu.commit(slots_view(false), host_view(accepted.data(), DType::i32, {B}));
+      gpu.commit(slots_view(device_slots), device_slots
+                                               ? dview(dacc.ptr, DType::i32, {B})
+                                               : host_view(accepted.data(), DType::i32, {B}));
+    }
+    for (int s : live) {
+      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
+      EXPECT_TRUE(d.cursors_equal) << "slot " << s << " step " << step;
+      EXPECT_TRUE(d.ring_equal) << "slot " << s << " step " << step;
+      EXPECT_LT(d.delta_rel, 1e-6) << "slot " << s << " step " << step;
+      EXPECT_LT(d.ckpt_rel, mode == Mode::fp32 ? 1e-5 : 1e-3) << "slot " << s << " step " << step;
+      worst_ckpt = std::max(worst_ckpt, d.ckpt_rel);
+      if (mode != Mode::fp32) {  // fp32 checkpoints differ in low bits; compared by value above
+        mismatched += d.code_mismatch;
+        code_bytes += d.code_bytes;
+      }
+    }
+  }
+  // Fold of the committed entries through state().
+  for (int s : live) {
+    const double e = rel_l2(gpu.state(s), cpu.state(s));
+    EXPECT_LT(e, mode == Mode::fp32 ? 1e-5 : 1e-3) << "state of slot " << s;
+  }
+  const CacheStats sc = cpu.stats(), sg = gpu.stats();
+  EXPECT_EQ(sc.flushes, sg.flushes);
+  EXPECT_EQ(sc.checkpoint_writes, sg.checkpoint_writes);
+  EXPECT_GT(sg.flushes, 4u);
+  const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
+  std::printf(
+      "[cuda-vs-cpu] mode %s act %s: worst y rel %.3g, worst ckpt rel %.3g, "
+      "checkpoint bytes differing %zu of %zu (%.3g), flushes %llu\n",
+      mode_name(mode), dtype_name(act), worst_y, worst_ckpt, mismatched, code_bytes, frac,
+      (unsigned long long)sg.flushes);
+  if (mode != Mode::fp32) {
+    EXPECT_LT(frac, 1e-2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, CudaVsCpu,
+    ::testing::Values(Case{Mode::fp32, DType::f32}, Case{Mode::fp32, DType::bf16},
+                      Case{Mode::bf16, DType::bf16}, Case{Mode::fp16, DType::bf16},
+                      Case{Mode::fp16_sr, DType::bf16}, Case{Mode::shared_fp8, DType::bf16},
+                      Case{Mode::shared_int8, DType::bf16}, Case{Mode::separate_fp8, DType::bf16},
+                      Case{Mode::separate_nvfp4, DType::bf16},
+                      Case{Mode::separate_fp8, DType::f16}),
+    [](const auto& info) {
+      std::string name = std::string(mode_name(info.param.mode)) + "_" + dtype_name(info.param.act);
+      for (char& c : name)
+        if (c == '-') c = '_';
+      return name;
+    });
+
+TEST(CudaBackend, ImportStateMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{4, 16, 128, 2};
+  std::mt19937_64 rng(5);
+  const LayerParams params = random_params(shape, rng);
+  for (Mode mode : kAllModes) {
+    CacheConfig cfg;
+    cfg.mode = mode;
+    cfg.num_slots = 2;
+    cfg.seed = 7;
+    ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+    ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> state(size_t(shape.state_elements()));
+    for (float& v : state) v = normal(rng);
+    cpu.import_state(1, 42, state.data());
+    gpu.import_state(1, 42, state.data());
+    const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(1), gpu.impl().read_slot(1));
+    EXPECT_TRUE(d.cursors_equal) << mode_name(mode);
+    // Same fp32 input, same codec: the codes must be bit-identical.
+    EXPECT_EQ(d.code_mismatch, 0u) << mode_name(mode);
+  }
+}
+
+TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{4, 8, 64, 2};
+  std::mt19937_64 rng(9);
+  const LayerParams params = random_params(shape, rng);
+  CacheConfig cfg;
+  cfg.num_slots = 2;
+  ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+  gpu.open(0, 1);
+  std::vector<int32_t> slots{0};
+  DeviceBytes dslots(slots);
+  Tokens tk = random_tokens(shape, cfg.activation_dtype, 1, 3, rng);
+  DeviceTokens dt(shape, tk);
+  const DType act = cfg.activation_dtype;
+  gpu.verify(dview(dslots.ptr, DType::i32, {1}), dt.vx(shape, act), dt.vB(shape, act),
+             dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
+  std::vector<int32_t> too_many{4};
+  DeviceBytes dacc(too_many);
+  gpu.commit(dview(dslots.ptr, DType::i32, {1}), dview(dacc.ptr, DType::i32, {1}));
+  EXPECT_THROW(gpu.cursors(0), Error);
+  const SlotCursors c = gpu.cursors(0);  // the error was reported once; the slot is unchanged
+  EXPECT_EQ(c.pending, 3);
+  EXPECT_EQ(c.committed, 0);
+  // verify while entries are pending is refused on the device as well.
+  gpu.verify(dview(dslots.ptr, DType::i32, {1}), dt.vx(shape, act), dt.vB(shape, act),
+             dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
+  EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error);
+  // NaN input: refused on the device, the slot keeps its cursors and checkpoint.
+  gpu.open(1, 2);
+  std::vector<int32_t> one{1};
+  DeviceBytes done(one);
+  const SlotImage before = gpu.impl().read_slot(1);
+  Tokens bad = random_tokens(shape, act, 1, 2, rng);
+  store_act(bad.x.data(), act, 5, NAN);
+  DeviceTokens dbad(shape, bad);
+  gpu.verify(dview(done.ptr, DType::i32, {1}), dbad.vx(shape, act), dbad.vB(shape, act),
+             dbad.vC(shape, act), dbad.vdt(shape), dbad.vy(shape));
+  EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error);
+  const SlotImage after = gpu.impl().read_slot(1);
+  EXPECT_EQ(after.cursors.pending, 0);
+  EXPECT_TRUE(before.bytes == after.bytes);
+}
+
+// verify + commit captured once in a CUDA graph, replayed with new inputs, against the CPU.
+TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{8, 16, 128, 2};
+  std::mt19937_64 rng(11);
+  const LayerParams params = random_params(shape, rng);
+  for (Mode mode : {Mode::fp32, Mode::separate_fp8}) {
+    CacheConfig cfg;
+    cfg.mode = mode;
+    cfg.num_slots = 4;
+    ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+    ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+    const int B = 4, W = 4;
+    for (int s = 0; s < 3; ++s) cpu.open(s, 10 + s), gpu.open(s, 10 + s);
+    std::vector<int32_t> slots{2, kPaddingSlot, 0, 1};
+    DeviceBytes dslots(slots);
+    Tokens tk = random_tokens(shape, cfg.activation_dtype, B, W, rng);
+    DeviceTokens dt(shape, tk);
+    std::vector<int32_t> accepted(B, 1);
+    DeviceBytes dacc(accepted);
+    const DType act = cfg.activation_dtype;
+    cudaStream_t stream = cuda_backend_stream(gpu.impl());
+    cuda_backend_synchronize(gpu.impl());
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    gpu.verify(dview(dslots.ptr, DType::i32, {B}), dt.vx(shape, act), dt.vB(shape, act),
+               dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
+    gpu.commit(dview(dslots.ptr, DType::i32, {B}), dview(dacc.ptr, DType::i32, {B}));
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    const size_t per = size_t(W) * shape.nheads * shape.headdim;
+    for (int step = 0; step < 24; ++step) {
+      tk = random_tokens(shape, act, B, W, rng);
+      for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
+      dt.x.upload(tk.x);
+      dt.B.upload(tk.B);
+      dt.C.upload(tk.C);
+      dt.dt.upload(tk.dt);
+      dacc.upload(accepted);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      std::vector<float> ycpu(size_t(B) * per, NAN);
+      cpu.verify(host_view(slots.data(), DType::i32, {B}), tk.view_x(shape), tk.view_B(shape),
+                 tk.view_C(shape), tk.view_dt(shape),
+                 host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
+      cpu.commit(host_view(slots.data(), DType::i32, {B}),
+                 host_view(accepted.data(), DType::i32, {B}));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const auto ygpu = dt.y.download<float>(ycpu.size());
+      EXPECT_LT(rel_l2(live_rows(ygpu, slots, per), live_rows(ycpu, slots, per)), y_tolerance(mode))
+          << mode_name(mode) << " step " << step;
+    }
+    for (int s = 0; s < 3; ++s) {
+      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
+      EXPECT_TRUE(d.cursors_equal);
+      EXPECT_TRUE(d.ring_equal);
+    }
+    EXPECT_GE(gpu.stats().flushes, 9u);
+    EXPECT_EQ(gpu.stats().flushes, cpu.stats().flushes);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
+struct SdCase {
+  DType state;
+  bool sr;
+  int T;
+};
+
+TEST(CudaStandardDecode, MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{8, 16, 128, 2};
+  std::mt19937_64 rng(21);
+  const LayerParams params = random_params(shape, rng);
+  const int S = 5, B = 4;
+  for (SdCase c :
+       {SdCase{DType::f32, false, 1}, SdCase{DType::f32, false, 4}, SdCase{DType::bf16, false, 1},
+        SdCase{DType::bf16, false, 3}, SdCase{DType::f16, false, 1}, SdCase{DType::f16, true, 1},
+        SdCase{DType::f16, true, 4}}) {
+    for (DType act : {DType::bf16, DType::f32}) {
+      StandardDecodeConfig cfg;
+      cfg.state_dtype = c.state;
+      cfg.stochastic_rounding = c.sr;
+      cfg.step = 17;
+      cfg.seed = 5;
+      const int64_t E = shape.state_elements();
+      std::vector<float> init(size_t(S) * E);
+      std::normal_distribution<float> normal(0.f, 1.f);
+      for (float& v : init) v = normal(rng);
+      std::vector<uint8_t> state(size_t(S) * E * dtype_size(c.state));
+      for (size_t i = 0; i < init.size(); ++i)
+        store_act(state.data(), c.state, int64_t(i), init[i]);
+      std::vector<int32_t> slots{3, kPaddingSlot, 0, 4};
+      Tokens tk = random_tokens(shape, act, B, c.T, rng);
+      DeviceTokens dt(shape, tk);
+      DeviceBytes dstate(state), dslots(slots);
+      const size_t inter_elems = size_t(B) * c.T * E;
+      std::vector<uint8_t> inter(c.T > 1 ? inter_elems * dtype_size(c.state) : 0);
+      DeviceBytes dinter(std::max<size_t>(inter.size(), 1));
+      std::vector<float> ycpu(size_t(B) * c.T * shape.nheads * shape.headdim, NAN);
+      const TensorView hstate =
+          host_view(state.data(), c.state, {S, shape.nheads, shape.headdim, shape.dstate});
+      const TensorView hinter =
+          host_view(inter.data(), c.state, {B, c.T, shape.nheads, shape.headdim, shape.dstate});
+      const TensorView dinter_v =
+          dview(dinter.ptr, c.state, {B, c.T, shape.nheads, shape.headdim, shape.dstate});
+      standard_decode(BackendKind::cpu, shape, params, cfg, hstate,
+                      host_view(slots.data(), DType::i32, {B}), tk.view_x(shape), tk.view_B(shape),
+                      tk.view_C(shape), tk.view_dt(shape),
+                      host_view(ycpu.data(), DType::f32, {B, c.T, shape.nheads, shape.headdim}),
+                      c.T > 1 ? &hinter : nullptr);
+      standard_decode(BackendKind::cuda, shape, params, cfg,
+                      dview(dstate.ptr, c.state, {S, shape.nheads, shape.headdim, shape.dstate}),
+                      dview(dslots.ptr, DType::i32, {B}), dt.vx(shape, act), dt.vB(shape, act),
+                      dt.vC(shape, act), dt.vdt(shape), dt.vy(shape),
+                      c.T > 1 ? &dinter_v : nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto ygpu = dt.y.download<float>(ycpu.size());
+      const size_t per = size_t(c.T) * shape.nheads * shape.headdim;
+      EXPECT_LT(rel_l2(live_rows(ygpu, slots, per), live_rows(ycpu, slots, per)), 2e-5)
+          << dtype_name(c.state) << " T " << c.T;
+      // States: decoded values; 16-bit codes may differ by one ulp where fp32 results differ.
+      const std::vector<uint8_t>& want = c.T > 1 ? inter : state;
+      const auto got = (c.T > 1 ? dinter : dstate).download<uint8_t>(want.size());
+      const size_t n = want.size() / dtype_size(c.state);
+      std::vector<float> a(n), b(n);
+      size_t differing = 0;
+      for (size_t i = 0; i < n; ++i) {
+        a[i] = load_act(want.data(), c.state, int64_t(i));
+        b[i] = load_act(got.data(), c.state, int64_t(i));
+        differing += a[i] != b[i];
+      }
+      EXPECT_LT(rel_l2(b, a), c.state == DType::f32 ? 1e-6 : 2e-3)
+          << dtype_name(c.state) << " T " << c.T;
+      std::printf("[standard-decode] state %s%s act %s T %d: %zu of %zu state values differ\n",
+                  dtype_name(c.state), c.sr ? "-sr" : "", dtype_name(act), c.T, differing, n);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace replayssm
