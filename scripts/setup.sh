@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One command for a fresh machine (Debian 12 / Ubuntu): installs the build dependencies with
+# apt-get, configures and builds replayssm (with the CUDA backend when nvcc is on PATH), and runs
+# the main job on its built-in default. Extra CMake arguments: REPLAYSSM_CMAKE_ARGS="...".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(g++ cmake ninja-build libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev
+          libfmt-dev)
+missing=()
+for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  echo "installing: ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+fi
+
+# nvcc lives outside PATH in a default toolkit install.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${REPLAYSSM_CMAKE_ARGS:-}
+cmake --build build -j"$(nproc)"
+./build/bin/replayssm demo
