@@ -1,0 +1,73 @@
+#include "model/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/formats.h"
+
+namespace replayssm::model {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+// Fixed-order dot product: lane l sums elements k = l (mod 16); lanes are reduced pairwise.
+inline float dot_f32(const float* __restrict a, const float* __restrict b, int64_t K) {
+  float acc[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[k + l] * b[k + l];
+  }
+  for (int l = 0; k < K; ++k, ++l) acc[l] += a[k] * b[k];
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  return acc[0];
+}
+
+// Output rows per task: big enough to amortise the bf16 widening of W rows over the M tokens.
+constexpr int64_t kRowBlock = 16;
+// Tokens per pass over a block of W rows, so the X rows stay in cache during a long prefill.
+constexpr int64_t kTokenBlock = 64;
+
+}  // namespace
+
+float dot_row(const float* x, const Matrix& W, int64_t row) {
+  if (W.type == Matrix::Type::f32) return dot_f32(x, W.f32() + row * W.cols, W.cols);
+  std::vector<float> w(size_t(W.cols));
+  W.row_f32(row, w.data());
+  return dot_f32(x, w.data(), W.cols);
+}
+
+void matmul(const float* X, int64_t M, const Matrix& W, const float* bias, float* Y) {
+  const int64_t N = W.rows, K = W.cols;
+  const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
+  const bool widen = W.type == Matrix::Type::bf16;
+#pragma omp parallel
+  {
+    std::vector<float> wbuf(widen ? size_t(kRowBlock * K) : 0);  // widened rows of the block
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t n0 = blk * kRowBlock, n1 = std::min(N, n0 + kRowBlock);
+      const float* wrows = nullptr;  // [n1 - n0, K]
+      if (widen) {
+        const uint16_t* src = W.bf16() + n0 * K;
+        const int64_t count = (n1 - n0) * K;
+        for (int64_t i = 0; i < count; ++i) wbuf[size_t(i)] = bf16_to_f32(src[i]);
+        wrows = wbuf.data();
+      } else {
+        wrows = W.f32() + n0 * K;
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
+        const int64_t m1 = std::min(M, m0 + kTokenBlock);
+        for (int64_t n = n0; n < n1; ++n) {
+          const float* w = wrows + (n - n0) * K;
+          const float b = bias ? bias[n] : 0.0f;
+          for (int64_t m = m0; m < m1; ++m) Y[m * N + n] = dot_f32(X + m * K, w, K) + b;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace replayssm::model
