@@ -68,6 +68,12 @@ TEST(ModelConfig, AcceptsBareInfinityAndDefaults) {
           "time_step_limit": [0.001, 0.1]})",
       "inline");
   EXPECT_FLOAT_EQ(d.time_step_max_clamp, 0.1f);
+  // transformers 5 writes non-finite floats as {"__float__": "Infinity"}.
+  const ModelConfig e = parse_model_config(
+      R"({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1, "state_size": 16,
+          "num_heads": 2, "head_dim": 4, "time_step_limit": [0.0, {"__float__": "Infinity"}]})",
+      "inline");
+  EXPECT_TRUE(std::isinf(e.time_step_max_clamp));
 }
 
 TEST(ModelConfig, RejectsInconsistentConfigs) {
@@ -318,6 +324,68 @@ TEST(ModelRunner, BadCallsGetClearErrors) {
   EXPECT_THROW(model.commit(slot, 0), Error);
   model.commit(slot, 3);
   EXPECT_THROW(model.verify(5, std::vector<int32_t>{1}, logits), Error);
+}
+
+}  // namespace
+}  // namespace replayssm::model
+
+namespace replayssm::model {
+namespace {
+
+// The built-in model against transformers' own logits and greedy tokens on the same bf16 weights
+// (tests/data/mamba2_byte_reference.safetensors, written by scripts/train_tiny_mamba2.py: fp32
+// forward of transformers on the CPU). Measured: max |logit difference| 1.3e-5 at logits of
+// magnitude ~18, every argmax and all 48 greedy tokens of every prompt equal.
+TEST(BuiltinModel, MatchesTransformersLogitsAndGreedyTokens) {
+  const std::string root = REPLAYSSM_SOURCE_DIR;
+  auto weights =
+      std::make_shared<const ModelWeights>(load_model(root + "/models/mamba2-byte-2.7m"));
+  const io::StFile ref =
+      io::read_safetensors(root + "/tests/data/mamba2_byte_reference.safetensors");
+  const int V = weights->config.vocab_size;
+  ASSERT_EQ(V, 256);
+  int prompts = 0;
+  for (int p = 0;; ++p) {
+    std::string key = "p";
+    key += std::to_string(p);
+    if (!ref.tensors.count(key + ".tokens")) break;
+    ++prompts;
+    const std::vector<int32_t> tokens = ref.tensors.at(key + ".tokens").i32(key);
+    const std::vector<float> want = ref.tensors.at(key + ".logits").f32(key);
+    const std::vector<int32_t> greedy = ref.tensors.at(key + ".greedy").i32(key);
+    RunnerConfig rc;
+    rc.threads = 1;  // a 2.7M-parameter model gains nothing from threads
+    Mamba2Model model(weights, rc);
+    const int slot = model.open(1);
+    std::vector<float> logits;
+    model.prefill(slot, tokens, logits, /*all_logits=*/true);
+    ASSERT_EQ(logits.size(), want.size());
+    double max_abs = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      max_abs = std::max(max_abs, std::fabs(double(logits[i]) - double(want[i])));
+    EXPECT_LT(max_abs, 2e-4) << "prompt " << p;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const float* g = logits.data() + t * size_t(V);
+      const float* w = want.data() + t * size_t(V);
+      const int ours = int(std::max_element(g, g + V) - g);
+      // Equal argmax, or a tie within the logit tolerance.
+      EXPECT_LT(*std::max_element(w, w + V) - w[ours], 4e-4f) << "prompt " << p << " pos " << t;
+    }
+    // Greedy continuation, one verify(1) + commit(1) per token.
+    int32_t next = int32_t(std::max_element(logits.end() - V, logits.end()) - (logits.end() - V));
+    for (size_t i = 0; i < greedy.size(); ++i) {
+      if (next != greedy[i]) {
+        // Only a near-tie may diverge; after that the sequences differ and comparing stops.
+        const float* last = logits.data() + (i == 0 ? logits.size() - size_t(V) : 0);
+        EXPECT_LT(last[next] - last[greedy[i]], 4e-4f) << "prompt " << p << " token " << i;
+        break;
+      }
+      model.verify(slot, std::span<const int32_t>(&next, 1), logits);
+      model.commit(slot, 1);
+      next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+  }
+  EXPECT_GE(prompts, 3);
 }
 
 }  // namespace

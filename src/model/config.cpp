@@ -52,11 +52,14 @@ std::string quote_nonstandard_literals(std::string_view text) {
 
 float as_float(const json& value, std::string_view key, std::string_view what) {
   if (value.is_number()) return value.get<float>();
-  if (value.is_string()) {
-    const std::string s = value.get<std::string>();
+  // transformers 5 writes non-finite floats as {"__float__": "Infinity"}.
+  const json& v = value.is_object() && value.contains("__float__") ? value["__float__"] : value;
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
     if (s == "Infinity") return INFINITY;
     if (s == "-Infinity") return -INFINITY;
   }
+  if (v.is_number()) return v.get<float>();
   fail(what, ": field '", key, "' must be a number, got ", value.dump());
 }
 

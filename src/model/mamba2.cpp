@@ -1,5 +1,7 @@
 #include "model/mamba2.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,6 +38,8 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
   check(runner_.backend == BackendKind::cpu, "model runner: the ", backend_name(runner_.backend),
         " backend is not wired into the model runner yet (its caches take device tensors); use ",
         "--backend cpu");
+  check(runner_.threads >= 0, "model runner: threads must be >= 0, got ", runner_.threads);
+  if (runner_.threads > 0) omp_set_num_threads(runner_.threads);
   caches_.reserve(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_->layers[size_t(l)];

@@ -35,6 +35,9 @@ struct RunnerConfig {
   uint64_t seed = 0;  // stochastic rounding (Philox key)
   BackendKind backend = BackendKind::cpu;
   int prefill_chunk = 256;  // prompt tokens per prefill call (bounds the activation memory)
+  // OpenMP threads (omp_set_num_threads, process-wide); 0 leaves the OpenMP default. Small
+  // models decode fastest on one thread: a decode step is shorter than a thread team's wake-up.
+  int threads = 0;
 };
 
 struct ConvState {

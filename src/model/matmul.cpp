@@ -29,6 +29,8 @@ inline float dot_f32(const float* __restrict a, const float* __restrict b, int64
 constexpr int64_t kRowBlock = 16;
 // Tokens per pass over a block of W rows, so the X rows stay in cache during a long prefill.
 constexpr int64_t kTokenBlock = 64;
+// Multiply-adds below which the product runs on the calling thread.
+constexpr int64_t kParallelMacs = int64_t(1) << 22;
 
 }  // namespace
 
@@ -43,7 +45,10 @@ void matmul(const float* X, int64_t M, const Matrix& W, const float* bias, float
   const int64_t N = W.rows, K = W.cols;
   const int64_t blocks = (N + kRowBlock - 1) / kRowBlock;
   const bool widen = W.type == Matrix::Type::bf16;
-#pragma omp parallel
+  // Threads only pay off above a few MFLOP: a decode step of a small model is over before a
+  // thread team wakes up, and on a loaded machine spinning teams cost far more than they save.
+  const bool threaded = double(M) * double(N) * double(K) >= double(kParallelMacs);
+#pragma omp parallel if (threaded)
   {
     std::vector<float> wbuf(widen ? size_t(kRowBlock * K) : 0);  // widened rows of the block
 #pragma omp for schedule(static)
