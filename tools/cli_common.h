@@ -80,5 +80,6 @@ struct ExitStatus {
 void register_trace(CLI::App& app);
 void register_ckpt(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_generate(CLI::App& app);  // tools/cmd_generate.cpp
 
 }  // namespace replayssm::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   replayssm::cli::register_trace(app);
   replayssm::cli::register_ckpt(app);
   replayssm::cli::register_demo(app);
+  replayssm::cli::register_generate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
