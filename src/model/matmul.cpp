@@ -32,14 +32,26 @@ constexpr int64_t kTokenBlock = 64;
 // Multiply-adds below which the product runs on the calling thread.
 constexpr int64_t kParallelMacs = int64_t(1) << 22;
 
-}  // namespace
-
-float dot_row(const float* x, const Matrix& W, int64_t row) {
-  if (W.type == Matrix::Type::f32) return dot_f32(x, W.f32() + row * W.cols, W.cols);
-  std::vector<float> w(size_t(W.cols));
-  W.row_f32(row, w.data());
-  return dot_f32(x, w.data(), W.cols);
+// One block of output columns [n0, n0 + rows) for all M tokens. Compiled twice (AVX2 + FMA and
+// baseline x86-64) and picked once per process at load time, so every call on a machine uses
+// the same instructions and the per-token results stay independent of M.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=haswell", "default")))
+#endif
+void block_product(const float* X /*[M, K]*/, int64_t M, const float* wrows /*[rows, K]*/,
+                   int64_t rows, int64_t K, const float* bias /*[rows] or null*/,
+                   float* Y /*[M, N] at column 0 of the block*/, int64_t N) {
+  for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
+    const int64_t m1 = std::min(M, m0 + kTokenBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* w = wrows + r * K;
+      const float b = bias ? bias[r] : 0.0f;
+      for (int64_t m = m0; m < m1; ++m) Y[m * N + r] = dot_f32(X + m * K, w, K) + b;
+    }
+  }
 }
+
+}  // namespace
 
 void matmul(const float* X, int64_t M, const Matrix& W, const float* bias, float* Y) {
   const int64_t N = W.rows, K = W.cols;
@@ -63,14 +75,7 @@ void matmul(const float* X, int64_t M, const Matrix& W, const float* bias, float
       } else {
         wrows = W.f32() + n0 * K;
       }
-      for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
-        const int64_t m1 = std::min(M, m0 + kTokenBlock);
-        for (int64_t n = n0; n < n1; ++n) {
-          const float* w = wrows + (n - n0) * K;
-          const float b = bias ? bias[n] : 0.0f;
-          for (int64_t m = m0; m < m1; ++m) Y[m * N + n] = dot_f32(X + m * K, w, K) + b;
-        }
-      }
+      block_product(X, M, wrows, n1 - n0, K, bias ? bias + n0 : nullptr, Y + n0, N);
     }
   }
 }

@@ -17,7 +17,4 @@ namespace replayssm::model {
 void matmul(const float* X /*[M, K]*/, int64_t M, const Matrix& W /*[N, K]*/,
             const float* bias /*[N] or null*/, float* Y /*[M, N]*/);
 
-// One output element: x . W[row].
-float dot_row(const float* x /*[K]*/, const Matrix& W, int64_t row);
-
 }  // namespace replayssm::model
