@@ -20,6 +20,23 @@ int main(int argc, char** argv) {
   replayssm::cli::register_ckpt(app);
   replayssm::cli::register_demo(app);
   replayssm::cli::register_generate(app);
+  // CLI11 reports a misspelled command as "a subcommand is required"; name it instead.
+  CLI::App* current = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    const std::vector<CLI::App*> subs = current->get_subcommands({});
+    if (subs.empty()) break;
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : subs)
+      if (sub->get_name() == argv[i]) next = sub;
+    if (!next) {
+      std::string names;
+      for (CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
+      fmt::print(stderr, "replayssm: error: unknown command '{}' (expected {}; see --help)\n",
+                 argv[i], names);
+      return 2;
+    }
+    current = next;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

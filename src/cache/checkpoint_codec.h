@@ -109,9 +109,21 @@ RSSM_HD int encode_checkpoint_row(Mode mode, const SlotCheckpoint& ck, int row, 
   return 0;
 }
 
-// The fp32 values of row `row` of the recurrence checkpoint (what a flush folds from).
+// Element decoders of the checkpoint formats. The codec functions below take the decoder as a
+// policy so a backend can substitute an equivalent one (the CPU backend uses lookup tables with
+// the same values); the arithmetic around the element decode stays written once.
+struct FormatDecoder {
+  RSSM_HD float f16(uint16_t h) const { return f16_to_f32(h); }
+  RSSM_HD float bf16(uint16_t b) const { return bf16_to_f32(b); }
+  RSSM_HD float e4m3(uint8_t c) const { return e4m3_to_f32(c); }
+  RSSM_HD float e2m1(uint8_t c) const { return e2m1_to_f32(c); }
+};
+
+// The fp32 values of row `row` of the recurrence checkpoint (what a flush folds from). The
+// shared 8-bit modes decode as code * scale with one rounding, as decode_row_e4m3/int8 do.
+template <typename Decoder = FormatDecoder>
 RSSM_HD void decode_recurrence_row(Mode mode, const SlotCheckpoint& ck, int row, int n,
-                                   float* out /*[N]*/) {
+                                   float* out /*[N]*/, const Decoder& dec = Decoder{}) {
   const uint64_t first = uint64_t(row) * n;
   switch (mode) {
     case Mode::fp32: {
@@ -121,18 +133,24 @@ RSSM_HD void decode_recurrence_row(Mode mode, const SlotCheckpoint& ck, int row,
     }
     case Mode::bf16: {
       const uint16_t* src = static_cast<const uint16_t*>(ck.rec) + first;
-      for (int i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+      for (int i = 0; i < n; ++i) out[i] = dec.bf16(src[i]);
       return;
     }
-    case Mode::shared_fp8:
-      decode_row_e4m3(static_cast<const uint8_t*>(ck.rec) + first, ck.rec_scale[row], n, out);
+    case Mode::shared_fp8: {
+      const uint8_t* codes = static_cast<const uint8_t*>(ck.rec) + first;
+      const float scale = ck.rec_scale[row];
+      for (int i = 0; i < n; ++i) out[i] = detail::mul_rn(dec.e4m3(codes[i]), scale);
       return;
-    case Mode::shared_int8:
-      decode_row_int8(static_cast<const int8_t*>(ck.rec) + first, ck.rec_scale[row], n, out);
+    }
+    case Mode::shared_int8: {
+      const int8_t* codes = static_cast<const int8_t*>(ck.rec) + first;
+      const float scale = ck.rec_scale[row];
+      for (int i = 0; i < n; ++i) out[i] = detail::mul_rn(float(codes[i]), scale);
       return;
+    }
     default: {  // fp16, fp16-sr and the separate modes' fp16 carrier
       const uint16_t* src = static_cast<const uint16_t*>(ck.rec) + first;
-      for (int i = 0; i < n; ++i) out[i] = f16_to_f32(src[i]);
+      for (int i = 0; i < n; ++i) out[i] = dec.f16(src[i]);
       return;
     }
   }
@@ -143,13 +161,14 @@ RSSM_HD void decode_recurrence_row(Mode mode, const SlotCheckpoint& ck, int row,
 // values are the code values (times the e4m3 block scale for nvfp4), all exact in bf16, so the
 // readout can run as a BF16 product with FP32 accumulation (SPEC 5, readout precision); for the
 // 32- and 16-bit modes they are the decoded state and the scale is 1.
+template <typename Decoder = FormatDecoder>
 RSSM_HD float decode_read_row(Mode mode, const SlotCheckpoint& ck, int row, int n,
-                              float* values /*[N]*/) {
+                              float* values /*[N]*/, const Decoder& dec = Decoder{}) {
   const uint64_t first = uint64_t(row) * n;
   switch (mode) {
     case Mode::shared_fp8: {
       const uint8_t* codes = static_cast<const uint8_t*>(ck.rec) + first;
-      for (int i = 0; i < n; ++i) values[i] = e4m3_to_f32(codes[i]);
+      for (int i = 0; i < n; ++i) values[i] = dec.e4m3(codes[i]);
       return ck.rec_scale[row];
     }
     case Mode::shared_int8: {
@@ -159,7 +178,7 @@ RSSM_HD float decode_read_row(Mode mode, const SlotCheckpoint& ck, int row, int 
     }
     case Mode::separate_fp8: {
       const uint8_t* codes = ck.read + first;
-      for (int i = 0; i < n; ++i) values[i] = e4m3_to_f32(codes[i]);
+      for (int i = 0; i < n; ++i) values[i] = dec.e4m3(codes[i]);
       return ck.read_scale[row];
     }
     case Mode::separate_nvfp4: {
@@ -167,12 +186,12 @@ RSSM_HD float decode_read_row(Mode mode, const SlotCheckpoint& ck, int row, int 
       const uint8_t* block_scales = ck.read_block_scale + first / 16;
       for (int i = 0; i < n; ++i) {
         const uint8_t code = (i & 1) ? uint8_t(packed[i / 2] >> 4) : uint8_t(packed[i / 2] & 0xf);
-        values[i] = e2m1_to_f32(code) * e4m3_to_f32(block_scales[i / 16]);
+        values[i] = dec.e2m1(code) * dec.e4m3(block_scales[i / 16]);  // exact product
       }
       return ck.read_scale[row];
     }
     default:
-      decode_recurrence_row(mode, ck, row, n, values);
+      decode_recurrence_row(mode, ck, row, n, values, dec);
       return 1.0f;
   }
 }

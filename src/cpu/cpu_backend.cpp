@@ -9,10 +9,16 @@
 #include "cache/checkpoint_codec.h"
 #include "cache/cursors.h"
 #include "core/act.h"
+#include "cpu/decode_tables.h"
+#include "cpu/simd.h"
 #include "replayssm/error.h"
 
 namespace replayssm {
 namespace {
+
+// Threads only pay off above this many multiply-adds per parallel region; below it the cost of
+// waking and joining OpenMP threads (large on a loaded machine) exceeds the work.
+constexpr int64_t kParallelWork = int64_t(1) << 18;
 
 class CpuBackend final : public CacheBackend {
  public:
@@ -128,7 +134,9 @@ void CpuBackend::fold(int slot, int count, float* out) const {
   const void* ring_x = section(slot, SlotLayout::ring_x);
   const void* ring_B = section(slot, SlotLayout::ring_B);
   const float* deltas = ring_delta(slot);
-#pragma omp parallel for schedule(static)
+  const cpu::TableDecoder& dec = cpu::table_decoder();
+  const bool parallel = shape_.state_elements() * (count + 1) >= kParallelWork;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int h = 0; h < H; ++h) {
     std::vector<float> sums(static_cast<size_t>(std::max(count, 1)));
     std::vector<float> b_row(static_cast<size_t>(N));
@@ -137,7 +145,7 @@ void CpuBackend::fold(int slot, int count, float* out) const {
     const float decay0 = decay(A_[h] * total);
     float* S = out + size_t(h) * P * N;
     for (int p = 0; p < P; ++p) {
-      decode_recurrence_row(config_.mode, ck, h * P + p, N, S + size_t(p) * N);
+      decode_recurrence_row(config_.mode, ck, h * P + p, N, S + size_t(p) * N, dec);
       for (int n = 0; n < N; ++n) S[size_t(p) * N + n] *= decay0;
     }
     const int g = h / heads_per_group;
@@ -161,7 +169,8 @@ void CpuBackend::write_checkpoint(int slot, const float* state) {
   const SrContext sr{philox_key(config_.seed, config_.layer), cursors_[slot].request_id,
                      cursors_[slot].flush_index, config_.sr_bits, config_.philox_rounds};
   uint64_t saturated = 0, nonfinite = 0;
-#pragma omp parallel for schedule(static) reduction(+ : saturated, nonfinite)
+#pragma omp parallel for schedule(static) reduction(+ : saturated, nonfinite) \
+    if (shape_.state_elements() >= kParallelWork)
   for (int row = 0; row < rows(); ++row) {
     std::vector<float> values(state + size_t(row) * N, state + size_t(row + 1) * N);
     for (float& v : values) {
@@ -222,7 +231,7 @@ void CpuBackend::prefill(const TokenBatch& batch) {
     if (slot == kPaddingSlot) continue;
     fold(slot, cursors_[slot].committed, state.data());
     // The exact per-token recurrence in FP32: S = a S + delta x B^T, y = S C + D x.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (shape_.state_elements() * T >= kParallelWork)
     for (int h = 0; h < H; ++h) {
       const int g = h / heads_per_group;
       std::vector<float> b_row(static_cast<size_t>(N)), c_row(static_cast<size_t>(N));
@@ -238,13 +247,8 @@ void CpuBackend::prefill(const TokenBatch& batch) {
         }
         for (int p = 0; p < P; ++p) {
           const float x = load_act(batch.x, act, (token * H + h) * P + p);
-          const float dx = delta * x;
-          float* row = S + size_t(p) * N;
-          float acc = 0.0f;
-          for (int n = 0; n < N; ++n) {
-            row[n] = a * row[n] + dx * b_row[n];
-            acc += row[n] * c_row[n];
-          }
+          const float acc =
+              cpu::update_and_dot(S + size_t(p) * N, a, delta * x, b_row.data(), c_row.data(), N);
           store_act(batch.y, batch.y_dtype, (token * H + h) * P + p, acc + params_.D[h] * x);
         }
       }
@@ -291,10 +295,40 @@ void CpuBackend::verify(const TokenBatch& batch) {
     apply_verify(cur, W);
   }
 
-  // Phase 2, per (slot, head): y_j = exp(A L_m) (S0 C_j) + sum_{k<=m} delta_k exp(A (L_m - L_k))
-  // (B_k . C_j) x_k + D x_j at logical position m = c + j (SPEC section 3).
+  // Phase 2, per (slot, group): the inner products B_k . C_j, shared by the group's heads.
+  // bc[b][g][j][k] for k <= m = c + j (count = c + W <= L after the flush above).
+  std::vector<float> bc(size_t(batch.batch) * G * W * L, 0.0f);
+  const int64_t work = int64_t(batch.batch) * shape_.state_elements() * W;
+#pragma omp parallel for collapse(2) schedule(static) if (work >= kParallelWork)
+  for (int b = 0; b < batch.batch; ++b) {
+    for (int g = 0; g < G; ++g) {
+      const int slot = batch.slots[b];
+      if (slot == kPaddingSlot) continue;
+      const SlotCursors& cur = cursors_[slot];
+      const int c = cur.committed, count = c + W;
+      const void* ring_B = section(slot, SlotLayout::ring_B);
+      std::vector<float> c_rows(static_cast<size_t>(W) * N), b_row(static_cast<size_t>(N));
+      for (int j = 0; j < W; ++j)
+        for (int n = 0; n < N; ++n)
+          c_rows[size_t(j) * N + n] =
+              load_act(batch.C, act, ((int64_t(b) * W + j) * G + g) * N + n);
+      float* out = bc.data() + (size_t(b) * G + g) * W * L;
+      for (int k = 0; k < count; ++k) {
+        const int phys = ring_index(cur, k, L);
+        for (int n = 0; n < N; ++n)
+          b_row[n] = load_act(ring_B, act, (int64_t(phys) * G + g) * N + n);
+        for (int j = std::max(0, k - c); j < W; ++j)
+          out[size_t(j) * L + k] = cpu::dot(b_row.data(), c_rows.data() + size_t(j) * N, N);
+      }
+    }
+  }
+
+  // Phase 3, per (slot, head): y_j = exp(A L_m) (S0 C_j) + sum_{k<=m} delta_k exp(A (L_m - L_k))
+  // (B_k . C_j) x_k + D x_j at logical position m = c + j (SPEC section 3). The checkpoint row
+  // is decoded once and read for all W outputs.
   const bool bf16_readout = has_bf16_readout(config_.mode);
-#pragma omp parallel for collapse(2) schedule(static)
+  const cpu::TableDecoder& dec = cpu::table_decoder();
+#pragma omp parallel for collapse(2) schedule(static) if (work >= kParallelWork)
   for (int b = 0; b < batch.batch; ++b) {
     for (int h = 0; h < H; ++h) {
       const int slot = batch.slots[b];
@@ -303,47 +337,43 @@ void CpuBackend::verify(const TokenBatch& batch) {
       const int c = cur.committed, count = c + W, g = h / heads_per_group;
       const SlotCheckpoint ck = checkpoint(slot);
       const void* ring_x = section(slot, SlotLayout::ring_x);
-      const void* ring_B = section(slot, SlotLayout::ring_B);
       const float* deltas = ring_delta(slot);
-      std::vector<float> sums(static_cast<size_t>(count)), c_rows(static_cast<size_t>(W) * N),
-          readout_c(static_cast<size_t>(W) * N);
-      std::vector<float> coef(static_cast<size_t>(W) * count, 0.0f), values(static_cast<size_t>(N)),
-          b_row(static_cast<size_t>(N));
+      std::vector<float> sums(static_cast<size_t>(count)), readout_c(static_cast<size_t>(W) * N);
+      std::vector<float> coef(static_cast<size_t>(W) * count, 0.0f),
+          xs(static_cast<size_t>(count) * P);
+      std::vector<float> values(static_cast<size_t>(N)), readout(static_cast<size_t>(W) * P);
       running_sums(slot, h, count, sums.data());
       for (int j = 0; j < W; ++j) {
         for (int n = 0; n < N; ++n) {
           const float cv = load_act(batch.C, act, ((int64_t(b) * W + j) * G + g) * N + n);
-          c_rows[size_t(j) * N + n] = cv;
           readout_c[size_t(j) * N + n] = bf16_readout ? bf16_to_f32(f32_to_bf16(cv)) : cv;
         }
       }
       // coef[j][k] = delta_k exp(A (L_m - L_k)) (B_k . C_j), causal: k <= m.
+      const float* bcg = bc.data() + (size_t(b) * G + g) * W * L;
       for (int k = 0; k < count; ++k) {
         const int phys = ring_index(cur, k, L);
-        for (int n = 0; n < N; ++n)
-          b_row[n] = load_act(ring_B, act, (int64_t(phys) * G + g) * N + n);
-        for (int j = std::max(0, k - c); j < W; ++j) {
-          float dot = 0.0f;
-          for (int n = 0; n < N; ++n) dot += b_row[n] * c_rows[size_t(j) * N + n];
-          coef[size_t(j) * count + k] =
-              deltas[phys * H + h] * decay(A_[h] * (sums[c + j] - sums[k])) * dot;
-        }
+        for (int p = 0; p < P; ++p)
+          xs[size_t(k) * P + p] = load_act(ring_x, act, (int64_t(phys) * H + h) * P + p);
+        for (int j = std::max(0, k - c); j < W; ++j)
+          coef[size_t(j) * count + k] = deltas[phys * H + h] *
+                                        decay(A_[h] * (sums[c + j] - sums[k])) *
+                                        bcg[size_t(j) * L + k];
       }
       for (int p = 0; p < P; ++p) {
-        const float scale = decode_read_row(config_.mode, ck, h * P + p, N, values.data());
-        for (int j = 0; j < W; ++j) {
-          const int m = c + j;
-          float acc = 0.0f;
-          for (int n = 0; n < N; ++n) acc += values[n] * readout_c[size_t(j) * N + n];
-          float y = decay(A_[h] * sums[m]) * (scale * acc);
-          for (int k = 0; k <= m; ++k) {
-            const int phys = ring_index(cur, k, L);
-            y += coef[size_t(j) * count + k] *
-                 load_act(ring_x, act, (int64_t(phys) * H + h) * P + p);
-          }
-          const float xj = load_act(ring_x, act, (int64_t(ring_index(cur, m, L)) * H + h) * P + p);
+        const float scale = decode_read_row(config_.mode, ck, h * P + p, N, values.data(), dec);
+        for (int j = 0; j < W; ++j)
+          readout[size_t(j) * P + p] =
+              scale * cpu::dot(values.data(), readout_c.data() + size_t(j) * N, N);
+      }
+      for (int j = 0; j < W; ++j) {
+        const int m = c + j;
+        const float decay_m = decay(A_[h] * sums[m]);
+        for (int p = 0; p < P; ++p) {
+          float y = decay_m * readout[size_t(j) * P + p];
+          for (int k = 0; k <= m; ++k) y += coef[size_t(j) * count + k] * xs[size_t(k) * P + p];
           store_act(batch.y, batch.y_dtype, ((int64_t(b) * W + j) * H + h) * P + p,
-                    y + params_.D[h] * xj);
+                    y + params_.D[h] * xs[size_t(m) * P + p]);
         }
       }
     }

@@ -5,6 +5,7 @@
 
 #include "cache/checkpoint_codec.h"
 #include "core/act.h"
+#include "cpu/simd.h"
 
 namespace replayssm {
 
@@ -35,7 +36,9 @@ void cpu_standard_decode(const SsmShape& shape, const LayerParams& params,
     }
   };
 
-#pragma omp parallel for collapse(2) schedule(static)
+  // Threads only above ~2^18 multiply-adds: below, waking OpenMP threads costs more than the work.
+  const bool parallel = int64_t(batch) * T * state_elems >= (int64_t(1) << 18);
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
   for (int b = 0; b < batch; ++b) {
     for (int h = 0; h < H; ++h) {
       const int slot = slot_ids[b];
@@ -57,12 +60,8 @@ void cpu_standard_decode(const SsmShape& shape, const LayerParams& params,
         }
         for (int p = 0; p < P; ++p) {
           const float xv = load_act(x.data, act, (token * H + h) * P + p);
-          float* row = S.data() + size_t(p) * N;
-          float acc = 0.0f;
-          for (int n = 0; n < N; ++n) {
-            row[n] = a * row[n] + delta * xv * b_row[n];
-            acc += row[n] * c_row[n];
-          }
+          const float acc = cpu::update_and_dot(S.data() + size_t(p) * N, a, delta * xv,
+                                                b_row.data(), c_row.data(), N);
           store_act(y.data, y.dtype, (token * H + h) * P + p, acc + params.D[h] * xv);
         }
         if (intermediate) {

@@ -203,7 +203,7 @@ Trace parse_trace(const StFile& file, const std::string& what) {
     check(kind != std::end(kOpNames), ctx, ": unknown op '", name, "'");
     op.kind = OpKind(kind - std::begin(kOpNames));
     const std::string octx = ctx + " (" + name + ")";
-    auto load_inputs = [&](int64_t rows, std::vector<int64_t> lead) {
+    auto load_inputs = [&](std::vector<int64_t> lead) {
       op.input = f.string("input");
       check(!op.input.empty(), octx, ": empty 'input' name");
       auto with = [&](std::initializer_list<int64_t> tail) {
@@ -216,7 +216,6 @@ Trace parse_trace(const StFile& file, const std::string& what) {
       in.B = f32_tensor(file, octx, op.input + ".B", with({G, N}));
       in.C = f32_tensor(file, octx, op.input + ".C", with({G, N}));
       in.dt = f32_tensor(file, octx, op.input + ".dt", with({H}));
-      (void)rows;
       for (const char* part : {".x", ".B", ".C", ".dt"}) used_tensors.insert(op.input + part);
       trace.inputs[op.input] = std::move(in);
     };
@@ -230,7 +229,7 @@ Trace parse_trace(const StFile& file, const std::string& what) {
               x.describe(), ", expected F32[n,", H, ",", P, "] with n >= 1");
         check(x.shape[0] <= (1 << 20), octx, ": prefill of ", x.shape[0], " tokens is too long");
         op.window = int(x.shape[0]);
-        load_inputs(op.window, {op.window});
+        load_inputs({op.window});
         break;
       }
       case OpKind::decode:
@@ -241,7 +240,7 @@ Trace parse_trace(const StFile& file, const std::string& what) {
         op.window =
             op.kind == OpKind::decode ? 1 : int(f.integer("window", 1, trace.cache.max_window));
         const int64_t S = int64_t(op.slots.size());
-        load_inputs(S * op.window, {S, op.window});
+        load_inputs({S, op.window});
         break;
       }
       case OpKind::commit:

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/backend.h"
-#include "cache/checkpoint_codec.h"
-#include "cache/layout.h"
+#include "io/checkpoint_view.h"
+#include "io/staging.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
 
@@ -38,31 +38,6 @@ struct Activation {
   }
 };
 
-// The read checkpoint of a slot as the readout sees it, decoded to fp32 ([H,P,N]).
-std::vector<float> decoded_read_checkpoint(ReplayCache& cache, int slot) {
-  const SsmShape& shape = cache.shape();
-  const SlotLayout layout = SlotLayout::make(shape, cache.config());
-  SlotImage image = cache.impl().read_slot(slot);
-  check(image.bytes.size() >= layout.total, "slot image of ", image.bytes.size(),
-        " bytes is smaller than the layout's ", layout.total);
-  uint8_t* base = image.bytes.data();
-  auto section = [&](SlotLayout::Section s) -> uint8_t* {
-    return layout.size[s] ? base + layout.offset[s] : nullptr;
-  };
-  SlotCheckpoint ck{section(SlotLayout::rec),
-                    reinterpret_cast<float*>(section(SlotLayout::rec_scale)),
-                    section(SlotLayout::read), section(SlotLayout::read_block_scale),
-                    reinterpret_cast<float*>(section(SlotLayout::read_scale))};
-  const int rows = shape.nheads * shape.headdim, n = shape.dstate;
-  std::vector<float> out(size_t(rows) * n);
-  for (int row = 0; row < rows; ++row) {
-    float* values = out.data() + size_t(row) * n;
-    const float scale = decode_read_row(cache.config().mode, ck, row, n, values);
-    for (int i = 0; i < n; ++i) values[i] *= scale;
-  }
-  return out;
-}
-
 }  // namespace
 
 StFile run_trace(const Trace& trace, const RunOptions& options, RunSummary* summary) {
@@ -92,16 +67,22 @@ StFile run_trace(const Trace& trace, const RunOptions& options, RunSummary* summ
           // A prefill of n tokens is a batch of one slot with T = n.
           const int64_t T = op.window;
           Activation ax, aB, aC;
-          const TensorView x = ax.view(in.x, act, {S, T, H, P});
-          const TensorView B = aB.view(in.B, act, {S, T, G, N});
-          const TensorView C = aC.view(in.C, act, {S, T, G, N});
-          const TensorView dt{
-              const_cast<float*>(in.dt.data()), DType::f32, {S, T, H}, MemoryKind::host};
+          const TensorView hx = ax.view(in.x, act, {S, T, H, P});
+          const TensorView hB = aB.view(in.B, act, {S, T, G, N});
+          const TensorView hC = aC.view(in.C, act, {S, T, G, N});
+          const Staged x(options.backend, hx.data, act, hx.shape);
+          const Staged B(options.backend, hB.data, act, hB.shape);
+          const Staged C(options.backend, hC.data, act, hC.shape);
+          const Staged dt(options.backend, in.dt.data(), DType::f32, {S, T, H});
           std::vector<float> y(size_t(S * T * H * P));
-          const TensorView yv{y.data(), DType::f32, {S, T, H, P}, MemoryKind::host};
-          if (op.kind == OpKind::prefill) cache.prefill(slots_view, x, B, C, dt, yv);
-          if (op.kind == OpKind::decode) cache.decode(slots_view, x, B, C, dt, yv);
-          if (op.kind == OpKind::verify) cache.verify(slots_view, x, B, C, dt, yv);
+          const Staged yv(options.backend, y.data(), DType::f32, {S, T, H, P});
+          if (op.kind == OpKind::prefill)
+            cache.prefill(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          if (op.kind == OpKind::decode)
+            cache.decode(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          if (op.kind == OpKind::verify)
+            cache.verify(slots_view, x.view(), B.view(), C.view(), dt.view(), yv.view());
+          yv.copy_to_host(y.data());
           std::vector<int64_t> y_shape = op.kind == OpKind::prefill
                                              ? std::vector<int64_t>{T, H, P}
                                              : std::vector<int64_t>{S, T, H, P};
@@ -143,7 +124,8 @@ StFile run_trace(const Trace& trace, const RunOptions& options, RunSummary* summ
     if (!cache.is_open(slot)) continue;
     const std::string s = std::to_string(slot);
     out.tensors["state." + s] = make_f32({H, P, N}, cache.state(slot));
-    out.tensors["read." + s] = make_f32({H, P, N}, decoded_read_checkpoint(cache, slot));
+    out.tensors["read." + s] = make_f32(
+        {H, P, N}, decode_read_checkpoint(trace.shape, config, cache.impl().read_slot(slot)));
     const SlotCursors c = cache.cursors(slot);
     const int32_t cursors[3] = {c.committed, c.pending, int32_t(c.flush_index)};
     out.tensors["cursors." + s] = make_i32({3}, cursors);

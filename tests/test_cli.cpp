@@ -1,0 +1,255 @@
+// The `replayssm` program as users run it: exit codes, one-line errors, --help everywhere, both
+// mode vocabularies, and trace gen -> run -> check through files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/safetensors.h"
+#include "io/trace.h"
+
+namespace replayssm {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out, err;
+  int err_lines() const { return int(std::count(err.begin(), err.end(), '\n')); }
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string.
+    std::string name = "replayssm_cli_";
+    name += std::to_string(::getpid());
+    name += '_';
+    name += ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = fs::temp_directory_path() / name;
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  Result run(const std::string& args) const {
+    const std::string cmd =
+        std::string(REPLAYSSM_CLI) + " " + args + " >" + path("stdout") + " 2>" + path("stderr");
+    const int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(path("stdout")),
+            slurp(path("stderr"))};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, HelpEverywhere) {
+  for (const char* cmd : {"", "trace", "trace gen", "trace run", "trace check", "ckpt",
+                          "ckpt inspect", "ckpt convert", "demo"}) {
+    const Result r = run(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd << ": " << r.out;
+  }
+  const Result r = run("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_FALSE(r.out.empty());
+}
+
+TEST_F(Cli, ErrorsAreOneClearLine) {
+  struct Case {
+    std::string args, text;
+  };
+  const std::vector<Case> cases = {
+      {"", "A subcommand is required"},
+      {"frobnicate", "frobnicate"},
+      {"trace gen -o " + path("t.st") + " --mode fp12", "unknown checkpoint mode 'fp12'"},
+      {"trace gen -o " + path("t.st") + " --checkpoint-mode separate --state-dtype int8",
+       "separate takes --state-dtype fp8 or nvfp4"},
+      {"trace gen -o " + path("t.st") + " --mode fp32 --checkpoint-mode separate --state-dtype fp8",
+       "excludes"},
+      {"trace gen -o " + path("t.st") + " --checkpoint-mode separate", "requires"},
+      {"trace gen -o " + path("t.st") + " --shape 4,16,x,2", "--shape '4,16,x,2'"},
+      {"trace gen -o " + path("t.st") + " --shape 6,16,32,4", "ngroups"},
+      {"trace gen -o " + path("t.st") + " --window 9", "--window 9"},
+      {"trace gen", "--output is required"},
+      {"trace run " + path("missing.safetensors"), "cannot open"},
+      {"trace run " + path("t.st") + " --backend tpu", "--backend"},
+      {"trace check " + path("a") + " " + path("b"), "cannot open"},
+      {"demo --preset huge", "unknown --preset 'huge'"},
+      {"demo --modes fp32,fp7", "unknown checkpoint mode 'fp7'"},
+      {"demo --window 3 --accept-mean 5", "--accept-mean 5"},
+      {"ckpt inspect " + path("missing"), "cannot open"},
+      {"ckpt convert " + path("missing") + " -o " + path("x"), "needs a target mode"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_NE(r.code, 0) << c.args;
+    EXPECT_EQ(r.err_lines(), 1) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.text), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("replayssm: error: ", 0), 0u) << r.err;
+  }
+}
+
+TEST_F(Cli, CorruptTraceFiles) {
+  ASSERT_EQ(run("trace gen -o " + path("t.safetensors") + " --steps 8").code, 0);
+  const std::vector<uint8_t> good = io::read_file_bytes(path("t.safetensors"));
+  // Truncated.
+  io::write_file_bytes(path("cut.safetensors"),
+                       std::vector<uint8_t>(good.begin(), good.begin() + long(good.size() / 2)));
+  Result r = run("trace run " + path("cut.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("truncated"), std::string::npos) << r.err;
+  // Not a trace (a plain safetensors file).
+  io::StFile plain;
+  plain.tensors["w"] = io::make_f32({1}, std::vector<float>{1});
+  io::write_safetensors(path("plain.safetensors"), plain);
+  r = run("trace run " + path("plain.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("not a replayssm trace"), std::string::npos) << r.err;
+  // Garbage.
+  io::write_file_bytes(path("junk"), std::vector<uint8_t>(100, 0xff));
+  r = run("trace run " + path("junk"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+}
+
+TEST_F(Cli, GenRunCheck) {
+  const std::string trace = path("t.safetensors");
+  Result r =
+      run("trace gen --shape 4,8,16,2 --steps 30 --slots 3 --window 4 --seed 3 "
+          "--checkpoint-mode separate --state-dtype nvfp4 -o " +
+          trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(io::read_trace(trace).cache.mode, Mode::separate_nvfp4);
+  r = run("trace run " + trace + " -q");  // default output name
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  ASSERT_TRUE(fs::exists(path("t.out.safetensors")));
+  r = run("trace run " + trace + " --backend cpu -o " + path("again.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("trace check " + path("again.safetensors") + " " + path("t.out.safetensors"));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("OK: 0 of"), std::string::npos) << r.out;
+
+  // Another mode differs; the table names failing tensors and the exit status is 1.
+  r = run("trace run " + trace + " --mode fp32 -o " + path("fp32.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("trace check " + path("fp32.safetensors") + " " + path("t.out.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("MISMATCH"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL"), std::string::npos) << r.out;
+  // ... and passes with tolerances wide enough.
+  EXPECT_EQ(run("trace check " + path("fp32.safetensors") + " " + path("t.out.safetensors") +
+                " --rtol 10 --atol 10")
+                .code,
+            0);
+
+  // JSON output lists every tensor.
+  r = run("trace check " + path("again.safetensors") + " " + path("t.out.safetensors") +
+          " -o json --all");
+  ASSERT_EQ(r.code, 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_GT(j["tensors"].size(), 5u);
+
+  // A NaN in the output fails the check whatever the tolerance.
+  io::StFile out = io::read_safetensors(path("again.safetensors"));
+  std::string y;
+  for (const auto& [name, t] : out.tensors)
+    if (name.rfind("y.", 0) == 0) y = name;
+  std::vector<float> v = out.tensors[y].f32(y);
+  v[0] = NAN;
+  out.tensors[y] = io::make_f32(out.tensors[y].shape, v);
+  io::write_safetensors(path("nan.safetensors"), out);
+  r = run("trace check " + path("nan.safetensors") + " " + path("t.out.safetensors") +
+          " --rtol 1e9 --atol 1e9");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find(y), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, CheckpointInspectAndConvert) {
+  // Find a seed whose trace exports a slot (exports are random lifecycle ops).
+  std::string out;
+  for (int seed = 1; seed < 40 && out.empty(); ++seed) {
+    const std::string trace = path(std::to_string(seed) + ".safetensors");
+    ASSERT_EQ(run("trace gen --shape 2,8,16,1 --steps 40 --seed " + std::to_string(seed) +
+                  " --mode fp16 -o " + trace)
+                  .code,
+              0);
+    ASSERT_EQ(run("trace run -q " + trace + " -o " + path("o.safetensors")).code, 0);
+    const io::StFile file = io::read_safetensors(path("o.safetensors"));
+    int exports = 0;
+    for (const auto& [name, t] : file.tensors) exports += name.rfind("export.", 0) == 0;
+    if (exports == 1) {
+      out = path("o.safetensors");
+      fs::copy_file(trace, path("params.safetensors"));
+    }
+  }
+  ASSERT_FALSE(out.empty()) << "no generated trace with exactly one export";
+  Result r = run("ckpt inspect " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("mode              fp16"), std::string::npos) << r.out;
+  r = run("ckpt inspect " + out + " -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["mode"], "fp16");
+
+  r = run("ckpt convert " + out + " --mode separate-fp8 --params " + path("params.safetensors") +
+          " -o " + path("c.slot"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("ckpt inspect " + path("c.slot") + " -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["mode"], "separate-fp8");
+  EXPECT_EQ(j["cursors"]["committed"], 0);
+
+  // Corrupt slot files are rejected by the checksum.
+  std::vector<uint8_t> bytes = io::read_file_bytes(path("c.slot"));
+  bytes[bytes.size() / 2] ^= 1;
+  io::write_file_bytes(path("bad.slot"), bytes);
+  r = run("ckpt inspect " + path("bad.slot"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, DemoTinyJson) {
+  const Result r = run("demo --preset tiny --tokens 24 --batch 2 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["modes"].size(), 8u);
+  EXPECT_EQ(j["modes"][0]["mode"], "fp32");
+  EXPECT_EQ(j["modes"][0]["max_error"], 0.0);
+  for (const auto& m : j["modes"]) {
+    EXPECT_GT(m["tokens_per_second"].get<double>(), 0) << m;
+    EXPECT_LT(m["relative_rms_error"].get<double>(), 0.2) << m;
+  }
+  // Fewer stored bytes in the 8-bit shared modes than in fp32, and less checkpoint traffic in
+  // every low-precision read mode.
+  EXPECT_LT(j["modes"][5]["stored_bytes_per_element"].get<double>(), 1.5);
+  EXPECT_LT(j["modes"][7]["checkpoint_bytes_read_per_token"].get<double>(),
+            j["modes"][0]["checkpoint_bytes_read_per_token"].get<double>());
+}
+
+TEST_F(Cli, DemoTableAndSeedVocabulary) {
+  const Result r = run("demo --preset tiny --tokens 16 --batch 1 --modes separate-nvfp4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("fp32"), std::string::npos);
+  EXPECT_NE(r.out.find("separate-nvfp4"), std::string::npos);
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+  EXPECT_TRUE(r.err.empty()) << "no progress bar when stderr is not a terminal: " << r.err;
+}
+
+}  // namespace
+}  // namespace replayssm
