@@ -390,3 +390,42 @@ TEST(BuiltinModel, MatchesTransformersLogitsAndGreedyTokens) {
 
 }  // namespace
 }  // namespace replayssm::model
+
+namespace replayssm::model {
+namespace {
+
+// The runner on the CUDA cache backend (SSM on the GPU, GEMMs on the CPU) against the CPU
+// backend: logits of a prefill and of verify windows, fp32 and separate-fp8. Skips without a GPU.
+TEST(ModelCuda, LogitsMatchCpu) {
+  if (!backend_available(BackendKind::cuda)) GTEST_SKIP() << "no CUDA backend or device";
+  auto weights = std::make_shared<const ModelWeights>(
+      load_model(std::string(REPLAYSSM_SOURCE_DIR) + "/models/mamba2-byte-2.7m"));
+  const std::vector<int32_t> prompt = random_tokens(70, 256, 51);
+  const std::vector<int32_t> window = random_tokens(8, 256, 52);
+  for (Mode mode : {Mode::fp32, Mode::separate_fp8}) {
+    std::vector<float> ref[2], got[2];
+    for (BackendKind kind : {BackendKind::cpu, BackendKind::cuda}) {
+      RunnerConfig rc;
+      rc.mode = mode;
+      rc.backend = kind;
+      rc.activation_dtype = mode == Mode::fp32 ? DType::f32 : DType::bf16;
+      Mamba2Model model(weights, rc);
+      const int slot = model.open(7);
+      auto& out = kind == BackendKind::cpu ? ref : got;
+      model.prefill(slot, prompt, out[0]);
+      for (int step = 0; step < 6; ++step) {
+        model.verify(slot, window, out[1]);
+        model.commit(slot, 1 + step % 3);
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      double worst = 0;
+      for (size_t j = 0; j < ref[i].size(); ++j)
+        worst = std::max(worst, std::fabs(double(ref[i][j]) - got[i][j]));
+      EXPECT_LT(worst, mode == Mode::fp32 ? 1e-3 : 5e-2) << mode_name(mode) << " part " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace replayssm::model

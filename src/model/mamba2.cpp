@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/formats.h"
+#include "io/staging.h"
 #include "model/matmul.h"
 #include "replayssm/error.h"
 
@@ -35,9 +36,6 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
         dtype_name(runner_.activation_dtype));
   check(runner_.prefill_chunk >= 1, "model runner: prefill chunk must be at least 1, got ",
         runner_.prefill_chunk);
-  check(runner_.backend == BackendKind::cpu, "model runner: the ", backend_name(runner_.backend),
-        " backend is not wired into the model runner yet (its caches take device tensors); use ",
-        "--backend cpu");
   check(runner_.threads >= 0, "model runner: threads must be >= 0, got ", runner_.threads);
   if (runner_.threads > 0) omp_set_num_threads(runner_.threads);
   caches_.reserve(size_t(c.num_layers));
@@ -254,18 +252,22 @@ void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
   // 4. The SSM through the replay cache: y [T, H, P] fp32, D x included.
   const DType act = runner_.activation_dtype;
   y_.resize(size_t(T * d_inner));
+  // On the CUDA backend the token tensors are staged to the device and y comes back; the GEMMs,
+  // conv and norms stay on the CPU (docs/model.md).
   const int32_t slot_i = slot;
   const TensorView slots = host_view(&slot_i, DType::i32, {1});
-  const TensorView xv = host_view(xp, act, {1, T, H, P});
-  const TensorView Bv = host_view(Bp, act, {1, T, G, N});
-  const TensorView Cv = host_view(Cp, act, {1, T, G, N});
-  const TensorView dtv = host_view(dt_.data(), DType::f32, {1, T, H});
-  const TensorView yv = host_view(y_.data(), DType::f32, {1, T, H, P});
+  const BackendKind be = runner_.backend;
+  const io::Staged xv(be, xp, act, {1, T, H, P});
+  const io::Staged Bv(be, Bp, act, {1, T, G, N});
+  const io::Staged Cv(be, Cp, act, {1, T, G, N});
+  const io::Staged dtv(be, dt_.data(), DType::f32, {1, T, H});
+  const io::Staged yv(be, y_.data(), DType::f32, {1, T, H, P});
   if (op == Op::prefill) {
-    caches_[size_t(layer)].prefill(slots, xv, Bv, Cv, dtv, yv);
+    caches_[size_t(layer)].prefill(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
   } else {
-    caches_[size_t(layer)].verify(slots, xv, Bv, Cv, dtv, yv);
+    caches_[size_t(layer)].verify(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
   }
+  yv.copy_to_host(y_.data());
 
   // 5. Gated RMSNorm: norm(y * silu(z)) over groups of d_inner / norm_groups, then out_proj.
   g_.resize(size_t(T * d_inner));
