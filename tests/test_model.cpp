@@ -162,6 +162,46 @@ TEST(ModelLoader, BadDirectoriesGetClearErrors) {
   fs::remove_all(empty);
 }
 
+// Random byte corruption of config.json and of the weights file: every load either succeeds or
+// throws replayssm::Error (never crashes, never another exception type).
+TEST(ModelLoader, CorruptFilesNeverCrash) {
+  const TinyModel m = testing::make_tiny_model(TinySpec{}, 15);
+  const std::string dir = temp_dir("fuzz");
+  testing::write_tiny_model(m, dir, true);
+  const std::vector<uint8_t> weights = io::read_file_bytes(dir + "/model.safetensors");
+  const std::string config = testing::tiny_config_json(m.spec);
+  std::mt19937_64 rng(16);
+  int errors = 0, loads = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    std::vector<uint8_t> w = weights;
+    std::string c = config;
+    const bool in_config = iter % 3 == 0;
+    const int flips = 1 + int(rng() % 4);
+    for (int f = 0; f < flips; ++f) {
+      if (in_config) {
+        c[size_t(rng() % c.size())] = char(rng() % 128);
+      } else {
+        // Mostly the header (where structure lives), sometimes anywhere, sometimes truncate.
+        const size_t span = rng() % 4 == 0 ? w.size() : std::min<size_t>(w.size(), 600);
+        w[size_t(rng() % span)] = uint8_t(rng());
+        if (rng() % 10 == 0) w.resize(size_t(rng() % w.size()));
+      }
+    }
+    testing::write_text(dir + "/config.json", c);
+    io::write_file_bytes(dir + "/model.safetensors", w);
+    try {
+      load_model(dir);
+      ++loads;
+    } catch (const Error&) {
+      ++errors;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "iteration " << iter << ": not a replayssm::Error: " << e.what();
+    }
+  }
+  EXPECT_GT(errors, 100);
+  fs::remove_all(dir);
+}
+
 TEST(ModelLoader, ShardedIndex) {
   const TinyModel m = testing::make_tiny_model(TinySpec{}, 4);
   const std::string dir = temp_dir("sharded");
