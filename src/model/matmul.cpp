@@ -39,8 +39,13 @@ constexpr int64_t kParallelMacs = int64_t(1) << 22;
 __attribute__((target_clones("arch=haswell", "default")))
 #endif
 void block_product(const float* X /*[M, K]*/, int64_t M, const float* wrows /*[rows, K]*/,
+                   const uint16_t* wbf16 /*[rows, K] or null*/, float* wbuf /*[rows, K]*/,
                    int64_t rows, int64_t K, const float* bias /*[rows] or null*/,
                    float* Y /*[M, N] at column 0 of the block*/, int64_t N) {
+  if (wbf16) {  // bf16 rows widened once per call, shared by the M tokens
+    for (int64_t i = 0; i < rows * K; ++i) wbuf[i] = bf16_to_f32(wbf16[i]);
+    wrows = wbuf;
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
     const int64_t m1 = std::min(M, m0 + kTokenBlock);
     for (int64_t r = 0; r < rows; ++r) {
@@ -66,16 +71,8 @@ void matmul(const float* X, int64_t M, const Matrix& W, const float* bias, float
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t n0 = blk * kRowBlock, n1 = std::min(N, n0 + kRowBlock);
-      const float* wrows = nullptr;  // [n1 - n0, K]
-      if (widen) {
-        const uint16_t* src = W.bf16() + n0 * K;
-        const int64_t count = (n1 - n0) * K;
-        for (int64_t i = 0; i < count; ++i) wbuf[size_t(i)] = bf16_to_f32(src[i]);
-        wrows = wbuf.data();
-      } else {
-        wrows = W.f32() + n0 * K;
-      }
-      block_product(X, M, wrows, n1 - n0, K, bias ? bias + n0 : nullptr, Y + n0, N);
+      block_product(X, M, widen ? nullptr : W.f32() + n0 * K, widen ? W.bf16() + n0 * K : nullptr,
+                    wbuf.data(), n1 - n0, K, bias ? bias + n0 : nullptr, Y + n0, N);
     }
   }
 }
