@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli_common.h"
+#include "io/safetensors.h"
 #include "model/builtin.h"
 #include "model/generate.h"
 #include "model/mamba2.h"
@@ -22,6 +23,7 @@ namespace {
 struct GenerateArgs {
   std::string model_dir;
   std::string prompt;
+  std::string prompt_file;
   int max_new_tokens = 128;
   ModeArgs mode;
   int draft_max = 7;
@@ -59,10 +61,17 @@ void run_generate(const GenerateArgs& args) {
   check(args.draft_max >= 0 && args.draft_max <= rc.max_window - 1, "--draft-max ", args.draft_max,
         " is outside 0..", rc.max_window - 1, " (history ", args.history,
         " allows windows of at most ", rc.max_window, " tokens)");
-  check(!args.prompt.empty(), "the prompt is empty (-p TEXT)");
+  check(!args.prompt.empty() || !args.prompt_file.empty(),
+        "no prompt: give it with -p TEXT or -f FILE");
+  std::string text = args.prompt;
+  if (!args.prompt_file.empty()) {
+    const std::vector<uint8_t> bytes = io::read_file_bytes(args.prompt_file);
+    text.assign(bytes.begin(), bytes.end());
+  }
+  check(!text.empty(), "the prompt is empty (-p TEXT or -f FILE)");
   model::Mamba2Model runner(weights, rc);
 
-  const std::vector<int32_t> prompt = tokenizer->encode(args.prompt);
+  const std::vector<int32_t> prompt = tokenizer->encode(text);
   check(!prompt.empty(), "the prompt encodes to no tokens");
   for (int32_t id : prompt)
     check(id >= 0 && id < weights->config.vocab_size, "prompt token id ", id,
@@ -117,7 +126,10 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-m,--model", args->model_dir,
                   "model directory: config.json + model.safetensors (or a sharded index) + "
                   "tokenizer.json; default: the built-in model");
-  cmd->add_option("-p,--prompt", args->prompt, "prompt text")->required();
+  auto* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text");
+  auto* prompt_file =
+      cmd->add_option("-f,--prompt-file", args->prompt_file, "read the prompt from a file");
+  prompt->excludes(prompt_file);
   cmd->add_option("-n,--max-new-tokens", args->max_new_tokens, "tokens to generate")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
