@@ -59,8 +59,8 @@ void run_generate(const GenerateArgs& args) {
                             ? (rc.mode == Mode::fp32 ? DType::f32 : DType::bf16)
                             : parse_dtype(args.activation_dtype);
   check(args.draft_max >= 0 && args.draft_max <= rc.max_window - 1, "--draft-max ", args.draft_max,
-        " is outside 0..", rc.max_window - 1, " (history ", args.history,
-        " allows windows of at most ", rc.max_window, " tokens)");
+        " is outside 0..", rc.max_window - 1,
+        " (a verify window holds at most min(8, history/2) = ", rc.max_window, " tokens)");
   check(!args.prompt.empty() || !args.prompt_file.empty(),
         "no prompt: give it with -p TEXT or -f FILE");
   std::string text = args.prompt;
