@@ -255,7 +255,7 @@ TEST(Tokenizer, Gpt2PreTokenizer) {
 }
 
 // A small tokenizer.json in the GPT-2 layout: the 256 byte characters plus a few merges.
-std::string tiny_tokenizer_json(bool pair_merges) {
+std::string tiny_tokenizer_json(bool pair_merges, bool prefix_space = false) {
   // GPT-2 byte -> character map, as in the tokenizer's code, written out independently.
   std::vector<std::string> chars(256);
   int extra = 0;
@@ -289,7 +289,9 @@ std::string tiny_tokenizer_json(bool pair_merges) {
       {"version", "1.0"},
       {"added_tokens", {{{"id", 300}, {"content", "<|endoftext|>"}, {"special", true}}}},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers", {{{"type", "ByteLevel"}, {"add_prefix_space", prefix_space}}}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}}};
   return root.dump();
@@ -310,6 +312,9 @@ TEST(Tokenizer, ByteLevelBpe) {
       EXPECT_EQ(tok->decode(tok->encode(s)), s);
     }
   }
+  // add_prefix_space: "the" is encoded as " the".
+  const auto spaced = parse_bpe_tokenizer(tiny_tokenizer_json(false, true), "tokenizer.json");
+  EXPECT_EQ(spaced->encode("the"), (std::vector<int32_t>{258}));
   EXPECT_THROW(parse_bpe_tokenizer("{\"model\": {\"type\": \"Unigram\"}}", "t"), Error);
   EXPECT_THROW(parse_bpe_tokenizer("{", "t"), Error);
   EXPECT_THROW(parse_bpe_tokenizer(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},

@@ -149,7 +149,15 @@ class BpeTokenizer final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode(std::string_view input) const override {
+    // ByteLevel(add_prefix_space) makes the first word look like a word inside a sentence.
+    std::string prefixed;
+    if (add_prefix_space_ && !input.empty() && input.front() != ' ') {
+      prefixed = " ";
+      prefixed += input;
+      input = prefixed;
+    }
+    const std::string_view text = input;
     std::vector<int32_t> ids;
     size_t start = 0, i = 0;
     while (i < text.size()) {
@@ -188,9 +196,13 @@ class BpeTokenizer final : public Tokenizer {
   std::string name() const override { return "byte-level BPE"; }
 
  private:
-  static bool has_byte_level(const json& pre) {
+  // Finds the ByteLevel pre-tokenizer (alone or inside a Sequence); remembers add_prefix_space.
+  bool has_byte_level(const json& pre) {
     if (!pre.is_object()) return false;
-    if (pre.value("type", std::string()) == "ByteLevel") return true;
+    if (pre.value("type", std::string()) == "ByteLevel") {
+      add_prefix_space_ = pre.value("add_prefix_space", false);
+      return true;
+    }
     if (pre.contains("pretokenizers") && pre["pretokenizers"].is_array())
       for (const json& p : pre["pretokenizers"])
         if (has_byte_level(p)) return true;
@@ -248,6 +260,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::pair<std::string, int32_t>> added_;
   std::unordered_map<int32_t, std::string> added_ids_;
   int32_t unk_ = -1;
+  bool add_prefix_space_ = false;
 };
 
 }  // namespace
