@@ -19,7 +19,7 @@ inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // out = weight * x / sqrt(mean(x^2) + eps) over `width` elements (Mamba2RMSNorm).
 void rms_norm(const float* x, const float* weight, int64_t width, float eps, float* out) {
-  double sum = 0.0;  // double: the mean must not depend on how many tokens share the call
+  double sum = 0.0;  // double: wide layers (d_inner 8192+) would lose digits in an fp32 sum
   for (int64_t i = 0; i < width; ++i) sum += double(x[i]) * x[i];
   const float scale = 1.0f / std::sqrt(float(sum / double(width)) + eps);
   for (int64_t i = 0; i < width; ++i) out[i] = weight[i] * (x[i] * scale);
