@@ -133,6 +133,40 @@ struct Fp64Recurrence {
   }
 };
 
+inline TensorView i32_view(std::vector<int32_t>& v) {
+  return host_view(v.data(), DType::i32, {int64_t(v.size())});
+}
+
+// verify or prefill of `tk` on `slots`; returns y as fp32 [B, T, H, P], poisoned with NaN first
+// so an unwritten output cannot pass.
+inline std::vector<float> run_tokens(ReplayCache& cache, bool prefill, std::vector<int32_t> slots,
+                                     Tokens& tk) {
+  const SsmShape& s = cache.shape();
+  std::vector<float> y(size_t(tk.batch) * tk.tokens * s.nheads * s.headdim, NAN);
+  const TensorView yv = host_view(y.data(), DType::f32, {tk.batch, tk.tokens, s.nheads, s.headdim});
+  if (prefill)
+    cache.prefill(i32_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s), yv);
+  else
+    cache.verify(i32_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s), yv);
+  return y;
+}
+inline std::vector<float> verify(ReplayCache& cache, std::vector<int32_t> slots, Tokens& tk) {
+  return run_tokens(cache, false, std::move(slots), tk);
+}
+inline std::vector<float> prefill(ReplayCache& cache, std::vector<int32_t> slots, Tokens& tk) {
+  return run_tokens(cache, true, std::move(slots), tk);
+}
+inline void commit(ReplayCache& cache, std::vector<int32_t> slots, std::vector<int32_t> accepted) {
+  cache.commit(i32_view(slots), i32_view(accepted));
+}
+inline void flush(ReplayCache& cache, std::vector<int32_t> slots) { cache.flush(i32_view(slots)); }
+
+// Output token j of a [T, H, P] block of outputs (per_token = H * P).
+inline std::vector<float> token_slice(const std::vector<float>& y, int j, int per_token) {
+  return std::vector<float>(y.begin() + size_t(j) * per_token,
+                            y.begin() + size_t(j + 1) * per_token);
+}
+
 // ||a - b|| / ||b|| over all elements.
 template <typename A, typename B>
 double rel_l2(const std::vector<A>& a, const std::vector<B>& b) {

@@ -13,11 +13,16 @@
 namespace replayssm {
 namespace {
 
+using testing::commit;
+using testing::flush;
 using testing::Fp64Recurrence;
+using testing::prefill;
 using testing::random_params;
 using testing::random_tokens;
 using testing::rel_l2;
+using testing::token_slice;
 using testing::Tokens;
+using testing::verify;
 
 const SsmShape kSmall{4, 8, 16, 2};
 
@@ -28,44 +33,6 @@ CacheConfig config_for(Mode mode, int slots = 2, DType act = DType::f32) {
   c.activation_dtype = act;
   c.seed = 1234;
   return c;
-}
-
-TensorView slots_view(std::vector<int32_t>& slots) {
-  return host_view(slots.data(), DType::i32, {int64_t(slots.size())});
-}
-
-// Runs verify on one slot and returns y as fp32 [W, H, P].
-std::vector<float> verify_one(ReplayCache& cache, int slot, Tokens& tk) {
-  const SsmShape& s = cache.shape();
-  std::vector<int32_t> slots{slot};
-  std::vector<float> y(size_t(tk.tokens) * s.nheads * s.headdim, NAN);
-  cache.verify(slots_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s),
-               host_view(y.data(), DType::f32, {1, tk.tokens, s.nheads, s.headdim}));
-  return y;
-}
-
-void commit_one(ReplayCache& cache, int slot, int accepted) {
-  std::vector<int32_t> slots{slot}, acc{accepted};
-  cache.commit(slots_view(slots), host_view(acc.data(), DType::i32, {1}));
-}
-
-std::vector<float> prefill_one(ReplayCache& cache, int slot, Tokens& tk) {
-  const SsmShape& s = cache.shape();
-  std::vector<int32_t> slots{slot};
-  std::vector<float> y(size_t(tk.tokens) * s.nheads * s.headdim, NAN);
-  cache.prefill(slots_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s),
-                host_view(y.data(), DType::f32, {1, tk.tokens, s.nheads, s.headdim}));
-  return y;
-}
-
-void flush_one(ReplayCache& cache, int slot) {
-  std::vector<int32_t> slots{slot};
-  cache.flush(slots_view(slots));
-}
-
-std::vector<float> head_slice(const std::vector<float>& y, int j, int per_token) {
-  return std::vector<float>(y.begin() + size_t(j) * per_token,
-                            y.begin() + size_t(j + 1) * per_token);
 }
 
 // SPEC 7.1: fp32 replay equals the FP64 per-token recurrence, autoregressive and speculative.
@@ -84,17 +51,17 @@ TEST(Fp32Replay, MatchesFp64RecurrenceOver240Steps) {
     while (steps < 240) {
       const int W = wdist(rng);
       Tokens tk = random_tokens(s, DType::f32, 1, W, rng);
-      const std::vector<float> y = verify_one(cache, 0, tk);
+      const std::vector<float> y = verify(cache, {0}, tk);
       const int k = std::uniform_int_distribution<int>(1, W)(rng);
       // Only the accepted prefix reaches the oracle; a rejected draft's output is checked against
       // a copy of the oracle that does see it.
       Fp64Recurrence draft = ref;
       for (int j = 0; j < W; ++j) {
         const std::vector<double> y_ref = draft.step(tk, 0, j);
-        worst = std::max(worst, rel_l2(head_slice(y, j, per_token), y_ref));
+        worst = std::max(worst, rel_l2(token_slice(y, j, per_token), y_ref));
         if (j < k) ref.step(tk, 0, j);
       }
-      commit_one(cache, 0, k);
+      commit(cache, {0}, {k});
       steps += k;
       EXPECT_LT(rel_l2(cache.state(0), ref.S), 1e-5) << "state after " << steps << " steps";
     }
@@ -116,26 +83,26 @@ TEST(VerifyCommit, EqualsSequentialDecodesInEveryMode) {
         cache.open(0, 99);
         // Warm up to a random fill level with a prefill and a few decodes.
         Tokens pre = random_tokens(s, DType::bf16, 1, 5, rng);
-        prefill_one(cache, 0, pre);
+        prefill(cache, {0}, pre);
         const int warm = std::uniform_int_distribution<int>(0, 15)(rng);
         for (int i = 0; i < warm; ++i) {
           Tokens one = random_tokens(s, DType::bf16, 1, 1, rng);
-          verify_one(cache, 0, one);
-          commit_one(cache, 0, 1);
+          verify(cache, {0}, one);
+          commit(cache, {0}, {1});
         }
         cache.fork(0, 1, 99);  // same request id: same random bits
         Tokens tk = random_tokens(s, DType::bf16, 1, W, rng);
         const bool flushes = cache.cursors(0).committed + W > cache.config().history;
-        const std::vector<float> y = verify_one(cache, 0, tk);
-        commit_one(cache, 0, k);
-        if (flushes) flush_one(cache, 1);
+        const std::vector<float> y = verify(cache, {0}, tk);
+        commit(cache, {0}, {k});
+        if (flushes) flush(cache, {1});
         const int per_token = s.nheads * s.headdim;
         for (int j = 0; j < k; ++j) {
           Tokens one = tk.slice(s, 0, j);
-          const std::vector<float> y1 = verify_one(cache, 1, one);
-          commit_one(cache, 1, 1);
+          const std::vector<float> y1 = verify(cache, {1}, one);
+          commit(cache, {1}, {1});
           // Same operations in the same order per output element: bit-identical.
-          ASSERT_EQ(head_slice(y, j, per_token), y1)
+          ASSERT_EQ(token_slice(y, j, per_token), y1)
               << mode_name(mode) << " W=" << W << " k=" << k << " j=" << j;
         }
         ASSERT_EQ(cache.export_slot(0), cache.export_slot(1))
@@ -160,11 +127,11 @@ TEST(VerifyCommit, RejectedDraftsLeaveNoTrace) {
       const int k = std::uniform_int_distribution<int>(1, 8)(rng);
       Tokens accepted = tk.slice(s, 0, 0, k);
       const bool flushes = cache.cursors(0).committed + 8 > cache.config().history;
-      verify_one(cache, 0, tk);
-      commit_one(cache, 0, k);
-      if (flushes) flush_one(cache, 1);
-      verify_one(cache, 1, accepted);
-      commit_one(cache, 1, k);
+      verify(cache, {0}, tk);
+      commit(cache, {0}, {k});
+      if (flushes) flush(cache, {1});
+      verify(cache, {1}, accepted);
+      commit(cache, {1}, {k});
       ASSERT_EQ(cache.export_slot(0), cache.export_slot(1)) << mode_name(mode) << " step " << step;
     }
   }
@@ -184,8 +151,8 @@ TEST(FlushCadence, AutoregressiveAndSpeculative) {
     cache.open(0, 1);
     for (int n = 1; n <= 5 * history + 3; ++n) {
       Tokens one = random_tokens(s, DType::f32, 1, 1, rng);
-      verify_one(cache, 0, one);
-      commit_one(cache, 0, 1);
+      verify(cache, {0}, one);
+      commit(cache, {0}, {1});
       ASSERT_EQ(cache.stats().flushes, uint64_t((n - 1) / history)) << "after " << n;
       ASSERT_EQ(cache.cursors(0).committed, (n - 1) % history + 1);
     }
@@ -203,17 +170,17 @@ TEST(FlushCadence, AutoregressiveAndSpeculative) {
       ++expected_flushes;
     }
     Tokens tk = random_tokens(s, DType::f32, 1, W, rng);
-    verify_one(cache, 0, tk);
+    verify(cache, {0}, tk);
     ASSERT_EQ(cache.stats().flushes, expected_flushes);
     ASSERT_EQ(cache.cursors(0).origin, expected_origin);
     ASSERT_EQ(cache.cursors(0).pending, W);
-    commit_one(cache, 0, std::uniform_int_distribution<int>(1, W)(rng));
+    commit(cache, {0}, {std::uniform_int_distribution<int>(1, W)(rng)});
   }
   // Empty ring: nothing written, flush index kept.
-  flush_one(cache, 0);
+  flush(cache, {0});
   const std::vector<uint8_t> bytes = cache.export_slot(0);
   const SlotCursors cursors = cache.cursors(0);
-  flush_one(cache, 0);
+  flush(cache, {0});
   EXPECT_EQ(cache.export_slot(0), bytes);
   EXPECT_EQ(cache.cursors(0).flush_index, cursors.flush_index);
 }
@@ -228,12 +195,12 @@ TEST(State, FoldsEveryCommittedPrefix) {
   cache.open(0, 3);
   Fp64Recurrence ref(s, params);
   Tokens pre = random_tokens(s, DType::f32, 1, 6, rng);
-  prefill_one(cache, 0, pre);
+  prefill(cache, {0}, pre);
   for (int t = 0; t < 6; ++t) ref.step(pre, 0, t);
   std::vector<std::vector<double>> states{ref.S};
   Tokens tk = random_tokens(s, DType::f32, 1, 8, rng);
-  verify_one(cache, 0, tk);
-  commit_one(cache, 0, 8);
+  verify(cache, {0}, tk);
+  commit(cache, {0}, {8});
   for (int t = 0; t < 8; ++t) {
     ref.step(tk, 0, t);
     states.push_back(ref.S);
@@ -253,17 +220,17 @@ TEST(Prefill, ChunksMatchFp64AndEmptyTheRing) {
   const int per_token = s.nheads * s.headdim;
   for (int chunk : {1, 7, 33, 1, 2}) {
     Tokens tk = random_tokens(s, DType::f32, 1, chunk, rng);
-    const std::vector<float> y = prefill_one(cache, 0, tk);
+    const std::vector<float> y = prefill(cache, {0}, tk);
     for (int t = 0; t < chunk; ++t)
-      EXPECT_LT(rel_l2(head_slice(y, t, per_token), ref.step(tk, 0, t)), 1e-5);
+      EXPECT_LT(rel_l2(token_slice(y, t, per_token), ref.step(tk, 0, t)), 1e-5);
     EXPECT_EQ(cache.cursors(0).committed, 0);
     EXPECT_LT(rel_l2(cache.state(0), ref.S), 1e-5);
     // A few decodes between chunks: prefill folds them first.
     Tokens one = random_tokens(s, DType::f32, 1, 3, rng);
-    const std::vector<float> yv = verify_one(cache, 0, one);
-    commit_one(cache, 0, 3);
+    const std::vector<float> yv = verify(cache, {0}, one);
+    commit(cache, {0}, {3});
     for (int t = 0; t < 3; ++t)
-      EXPECT_LT(rel_l2(head_slice(yv, t, per_token), ref.step(one, 0, t)), 1e-5);
+      EXPECT_LT(rel_l2(token_slice(yv, t, per_token), ref.step(one, 0, t)), 1e-5);
   }
 }
 
@@ -276,15 +243,15 @@ TEST(ExportImport, RoundTripAndStateImport) {
     ReplayCache cache(s, params, config_for(mode, 3, DType::bf16));
     cache.open(0, 11);
     Tokens pre = random_tokens(s, DType::bf16, 1, 9, rng);
-    prefill_one(cache, 0, pre);
+    prefill(cache, {0}, pre);
     Tokens tk = random_tokens(s, DType::bf16, 1, 8, rng);
-    verify_one(cache, 0, tk);
-    commit_one(cache, 0, 5);
+    verify(cache, {0}, tk);
+    commit(cache, {0}, {5});
     const std::vector<uint8_t> bytes = cache.export_slot(0);
     cache.import_slot(1, bytes);
     EXPECT_EQ(cache.export_slot(1), bytes) << mode_name(mode);
     Tokens next = random_tokens(s, DType::bf16, 1, 4, rng);
-    EXPECT_EQ(verify_one(cache, 0, next), verify_one(cache, 1, next)) << mode_name(mode);
+    EXPECT_EQ(verify(cache, {0}, next), verify(cache, {1}, next)) << mode_name(mode);
 
     // import_state: the state of a prompt boundary, re-encoded in this cache's mode.
     const std::vector<float> st = cache.state(0, 2);
@@ -310,15 +277,15 @@ TEST(VerifyCommit, NonFlushingVerifyWritesNoCheckpoint) {
   ReplayCache cache(s, params, config_for(Mode::separate_nvfp4, 1));
   cache.open(0, 1);
   Tokens pre = random_tokens(s, DType::f32, 1, 4, rng);
-  prefill_one(cache, 0, pre);
+  prefill(cache, {0}, pre);
   const uint64_t writes = cache.stats().checkpoint_writes;
   Tokens tk = random_tokens(s, DType::f32, 1, 8, rng);
-  verify_one(cache, 0, tk);
-  commit_one(cache, 0, 8);
-  verify_one(cache, 0, tk);
-  commit_one(cache, 0, 8);
+  verify(cache, {0}, tk);
+  commit(cache, {0}, {8});
+  verify(cache, {0}, tk);
+  commit(cache, {0}, {8});
   EXPECT_EQ(cache.stats().checkpoint_writes, writes);
-  verify_one(cache, 0, tk);  // c = 16: this one flushes
+  verify(cache, {0}, tk);  // c = 16: this one flushes
   EXPECT_EQ(cache.stats().checkpoint_writes, writes + 1);
 }
 

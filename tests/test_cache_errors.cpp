@@ -12,13 +12,10 @@
 namespace replayssm {
 namespace {
 
+using testing::i32_view;
 using testing::random_params;
 using testing::random_tokens;
 using testing::Tokens;
-
-TensorView i32_view(std::vector<int32_t>& v) {
-  return host_view(v.data(), DType::i32, {int64_t(v.size())});
-}
 
 void expect_error(const std::function<void()>& op, const std::string& fragment) {
   try {
@@ -178,11 +175,8 @@ TEST_F(BadInput, WrongShapesAndDtypes) {
       },
       "y must have shape");
   std::vector<float> fslots{0.f};
-  expect_error(
-      [&] {
-        cache.flush(host_view(fslots.data(), DType::f32, {1}));
-      },
-      "slots must be a 1-D i32 tensor");
+  expect_error([&] { cache.flush(host_view(fslots.data(), DType::f32, {1})); },
+               "slots must be a 1-D i32 tensor");
 }
 
 TEST_F(BadInput, CorruptOrMismatchedExports) {

@@ -15,15 +15,15 @@
 namespace replayssm {
 namespace {
 
+using testing::commit;
 using testing::Fp64Recurrence;
+using testing::i32_view;
+using testing::prefill;
 using testing::random_params;
 using testing::random_tokens;
 using testing::rel_l2;
 using testing::Tokens;
-
-TensorView i32_view(std::vector<int32_t>& v) {
-  return host_view(v.data(), DType::i32, {int64_t(v.size())});
-}
+using testing::verify;
 
 // The payload of an export (the slot's sections) and its cursors, parsed independently of the
 // library's reader: the payload is the bytes between the JSON header and the CRC.
@@ -32,31 +32,6 @@ std::vector<uint8_t> payload_of(const std::vector<uint8_t>& file) {
   std::memcpy(&header_len, file.data() + 12, 4);
   return std::vector<uint8_t>(file.begin() + 16 + header_len, file.end() - 4);
 }
-
-struct Harness {
-  SsmShape s;
-  LayerParams params;
-  CacheConfig config;
-  ReplayCache cache;
-  Harness(const SsmShape& shape, const LayerParams& p, const CacheConfig& c)
-      : s(shape), params(p), config(c), cache(shape, p, c) {}
-
-  std::vector<float> verify(std::vector<int32_t> slots, Tokens& tk) {
-    std::vector<float> y(size_t(tk.batch) * tk.tokens * s.nheads * s.headdim, NAN);
-    cache.verify(i32_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s),
-                 host_view(y.data(), DType::f32, {tk.batch, tk.tokens, s.nheads, s.headdim}));
-    return y;
-  }
-  void commit(std::vector<int32_t> slots, std::vector<int32_t> accepted) {
-    cache.commit(i32_view(slots), i32_view(accepted));
-  }
-  std::vector<float> prefill(std::vector<int32_t> slots, Tokens& tk) {
-    std::vector<float> y(size_t(tk.batch) * tk.tokens * s.nheads * s.headdim, NAN);
-    cache.prefill(i32_view(slots), tk.view_x(s), tk.view_B(s), tk.view_C(s), tk.view_dt(s),
-                  host_view(y.data(), DType::f32, {tk.batch, tk.tokens, s.nheads, s.headdim}));
-    return y;
-  }
-};
 
 double softplus64(double u) { return u > 20.0 ? u : std::log1p(std::exp(u)); }
 
@@ -73,22 +48,22 @@ TEST(QuantizedModes, ReadoutMatchesIndependentFp64Implementation) {
     config.mode = mode;
     config.num_slots = 1;
     config.activation_dtype = DType::bf16;
-    Harness hx(s, params, config);
-    hx.cache.open(0, 42);
+    ReplayCache cache(s, params, config);
+    cache.open(0, 42);
     Tokens pre = random_tokens(s, DType::bf16, 1, 12, rng);
-    hx.prefill({0}, pre);
+    prefill(cache, {0}, pre);
     for (int step = 0; step < 30; ++step) {
       const int W = std::uniform_int_distribution<int>(1, 8)(rng);
-      if (hx.cache.cursors(0).committed + W > config.history) {
+      if (cache.cursors(0).committed + W > config.history) {
         std::vector<int32_t> slot{0};
-        hx.cache.flush(i32_view(slot));
+        cache.flush(i32_view(slot));
       }
       // Snapshot of checkpoint and ring before the verify (nothing flushes inside it now).
-      const std::vector<uint8_t> bytes = payload_of(hx.cache.export_slot(0));
-      const SlotCursors cur = hx.cache.cursors(0);
+      const std::vector<uint8_t> bytes = payload_of(cache.export_slot(0));
+      const SlotCursors cur = cache.cursors(0);
       Tokens tk = random_tokens(s, DType::bf16, 1, W, rng);
-      const std::vector<float> y = hx.verify({0}, tk);
-      hx.commit({0}, {std::uniform_int_distribution<int>(1, W)(rng)});
+      const std::vector<float> y = verify(cache, {0}, tk);
+      commit(cache, {0}, {std::uniform_int_distribution<int>(1, W)(rng)});
 
       const SlotLayout layout = SlotLayout::make(s, config);
       auto sec = [&](SlotLayout::Section x) {
@@ -205,20 +180,20 @@ TEST(QuantizedModes, SeparateFlushEncodesCarrierAndReadCopyFromOneFold) {
     config.num_slots = 1;
     config.seed = 0xABCDEF0123ull;
     config.layer = 3;
-    Harness hx(s, params, config);
-    hx.cache.open(0, 0x100000007ull);
+    ReplayCache cache(s, params, config);
+    cache.open(0, 0x100000007ull);
     const SlotLayout layout = SlotLayout::make(s, config);
     for (int flush = 0; flush < 6; ++flush) {
       for (int i = 0; i < 3; ++i) {
         Tokens tk = random_tokens(s, DType::bf16, 1, 4, rng);
-        hx.verify({0}, tk);
-        hx.commit({0}, {4});
+        verify(cache, {0}, tk);
+        commit(cache, {0}, {4});
       }
-      const std::vector<float> fold = hx.cache.state(0);  // the FP32 fold a flush computes
-      const uint32_t flush_index = hx.cache.cursors(0).flush_index;
+      const std::vector<float> fold = cache.state(0);  // the FP32 fold a flush computes
+      const uint32_t flush_index = cache.cursors(0).flush_index;
       std::vector<int32_t> slot{0};
-      hx.cache.flush(i32_view(slot));
-      const std::vector<uint8_t> bytes = payload_of(hx.cache.export_slot(0));
+      cache.flush(i32_view(slot));
+      const std::vector<uint8_t> bytes = payload_of(cache.export_slot(0));
       const int N = s.dstate;
       const U32x2 key{{uint32_t(config.seed), uint32_t(config.seed >> 32) ^ 3u}};
       for (int row = 0; row < s.nheads * s.headdim; ++row) {
@@ -266,8 +241,8 @@ TEST(StandardDecode, MatchesFp64AndReplay) {
   CacheConfig config;
   config.num_slots = 2;
   config.activation_dtype = DType::f32;
-  Harness hx(s, params, config);
-  hx.cache.open(1, 0);
+  ReplayCache cache(s, params, config);
+  cache.open(1, 0);
   std::vector<float> state(2 * size_t(s.state_elements()), 0.0f);
   Fp64Recurrence ref(s, params);
   std::vector<int32_t> slots{1};
@@ -281,8 +256,8 @@ TEST(StandardDecode, MatchesFp64AndReplay) {
                     host_view(y.data(), DType::f32, {1, 1, s.nheads, s.headdim}), nullptr);
     const std::vector<double> y_ref = ref.step(tk, 0, 0);
     ASSERT_LT(rel_l2(y, y_ref), 1e-5);
-    const std::vector<float> y_replay = hx.verify({1}, tk);
-    hx.commit({1}, {1});
+    const std::vector<float> y_replay = verify(cache, {1}, tk);
+    commit(cache, {1}, {1});
     ASSERT_LT(rel_l2(y, y_replay), 1e-5);
   }
   std::vector<float> slot1(state.begin() + s.state_elements(), state.end());
@@ -319,7 +294,7 @@ TEST(Soak, ThousandStepsEveryMode) {
     config.mode = mode;
     config.num_slots = 6;
     config.activation_dtype = DType::f32;
-    Harness hx(s, params, config);
+    ReplayCache cache(s, params, config);
     std::map<int, Fp64Recurrence> refs;
     uint64_t next_request = 1;
     double worst = 0.0;
@@ -327,22 +302,22 @@ TEST(Soak, ThousandStepsEveryMode) {
       const int action = std::uniform_int_distribution<int>(0, 99)(rng);
       std::vector<int> open_slots, free_slots;
       for (int i = 0; i < config.num_slots; ++i)
-        (hx.cache.is_open(i) ? open_slots : free_slots).push_back(i);
+        (cache.is_open(i) ? open_slots : free_slots).push_back(i);
       if (open_slots.empty() || (action < 4 && !free_slots.empty())) {
         const int slot = free_slots[0];
-        hx.cache.open(slot, next_request++);
+        cache.open(slot, next_request++);
         refs.insert_or_assign(slot, Fp64Recurrence(s, params));
         continue;
       }
       if (action < 7 && !free_slots.empty()) {
         const int src = open_slots[rng() % open_slots.size()], dst = free_slots[0];
-        hx.cache.fork(src, dst, next_request++);
+        cache.fork(src, dst, next_request++);
         refs.insert_or_assign(dst, refs.at(src));
         continue;
       }
       if (action < 9 && open_slots.size() > 1) {
         const int slot = open_slots[rng() % open_slots.size()];
-        hx.cache.release(slot);
+        cache.release(slot);
         refs.erase(slot);
         continue;
       }
@@ -350,7 +325,7 @@ TEST(Soak, ThousandStepsEveryMode) {
         const int slot = open_slots[rng() % open_slots.size()];
         const int chunk = std::uniform_int_distribution<int>(1, 20)(rng);
         Tokens tk = random_tokens(s, DType::f32, 1, chunk, rng);
-        const std::vector<float> y = hx.prefill({slot}, tk);
+        const std::vector<float> y = prefill(cache, {slot}, tk);
         for (int t = 0; t < chunk; ++t) {
           const std::vector<double> y_ref = refs.at(slot).step(tk, 0, t);
           if (mode == Mode::fp32) {
@@ -366,7 +341,7 @@ TEST(Soak, ThousandStepsEveryMode) {
       batch.insert(batch.begin() + rng() % (batch.size() + 1), kPaddingSlot);
       const int B = int(batch.size());
       Tokens tk = random_tokens(s, DType::f32, B, W, rng);
-      const std::vector<float> y = hx.verify(batch, tk);
+      const std::vector<float> y = verify(cache, batch, tk);
       std::vector<int32_t> accepted(B, 1);
       const size_t per_token = size_t(s.nheads) * s.headdim;
       for (int b = 0; b < B; ++b) {
@@ -385,14 +360,14 @@ TEST(Soak, ThousandStepsEveryMode) {
           }
         }
       }
-      hx.commit(batch, accepted);
+      commit(cache, batch, accepted);
     }
     if (mode == Mode::fp32) {
       EXPECT_LT(worst, 1e-5);
-      for (auto& [slot, ref] : refs) EXPECT_LT(rel_l2(hx.cache.state(slot), ref.S), 1e-5);
+      for (auto& [slot, ref] : refs) EXPECT_LT(rel_l2(cache.state(slot), ref.S), 1e-5);
     }
-    EXPECT_GT(hx.cache.stats().flushes, 50u) << mode_name(mode);
-    EXPECT_EQ(hx.cache.stats().nonfinite, 0u);
+    EXPECT_GT(cache.stats().flushes, 50u) << mode_name(mode);
+    EXPECT_EQ(cache.stats().nonfinite, 0u);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -58,7 +59,7 @@ class Cli : public ::testing::Test {
 
 TEST_F(Cli, HelpEverywhere) {
   for (const char* cmd : {"", "trace", "trace gen", "trace run", "trace check", "ckpt",
-                          "ckpt inspect", "ckpt convert", "demo"}) {
+                          "ckpt inspect", "ckpt convert", "demo", "plan"}) {
     const Result r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd << ": " << r.out;
@@ -88,7 +89,7 @@ TEST_F(Cli, ErrorsAreOneClearLine) {
       {"trace run " + path("missing.safetensors"), "cannot open"},
       {"trace run " + path("t.st") + " --backend tpu", "--backend"},
       {"trace check " + path("a") + " " + path("b"), "cannot open"},
-      {"demo --preset huge", "unknown --preset 'huge'"},
+      {"demo --preset huge", "unknown model preset 'huge'"},
       {"demo --modes fp32,fp7", "unknown checkpoint mode 'fp7'"},
       {"demo --window 3 --accept-mean 5", "--accept-mean 5"},
       {"ckpt inspect " + path("missing"), "cannot open"},
@@ -249,6 +250,25 @@ TEST_F(Cli, DemoTableAndSeedVocabulary) {
   EXPECT_NE(r.out.find("separate-nvfp4"), std::string::npos);
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
   EXPECT_TRUE(r.err.empty()) << "no progress bar when stderr is not a terminal: " << r.err;
+}
+
+// plan: per-layer bytes are the slot layout's (fp32: the state plus a bf16 ring), the standard
+// speculative baseline holds 1 + W states, and the request count is the budget over the bytes.
+TEST_F(Cli, PlanCountsBytesAndRequests) {
+  const Result r = run("plan --model nemotron-h-8b --memory 10 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const double state = 128.0 * 64 * 128;
+  const double ring = 16.0 * (128 * 64 * 2 + 8 * 128 * 2 + 128 * 4);
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& row : j["rows"]) rows[row["name"].get<std::string>()] = row;
+  ASSERT_EQ(rows.size(), 12u);
+  EXPECT_EQ(rows["fp32"]["bytes_per_layer"].get<double>(), state * 4 + ring);
+  EXPECT_EQ(rows["standard fp32 (spec W=8)"]["bytes_per_layer"].get<double>(), state * 4 * 9);
+  const double per_request = (state + state * 4 / 128 + ring) * 24;  // shared-fp8
+  EXPECT_EQ(rows["shared-fp8"]["requests"].get<int64_t>(), int64_t(10e9 / per_request));
+  EXPECT_EQ(run("plan --model nope").code, 1);
+  EXPECT_EQ(run("plan --mode separate-nvfp4 --model falcon-h1-7b").code, 0);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ struct ExitStatus {
 void register_trace(CLI::App& app);
 void register_ckpt(CLI::App& app);
 void register_demo(CLI::App& app);
+void register_plan(CLI::App& app);
 void register_generate(CLI::App& app);  // tools/cmd_generate.cpp
 
 }  // namespace replayssm::cli

@@ -15,38 +15,10 @@
 #include "core/formats.h"
 #include "io/staging.h"
 #include "replayssm/error.h"
+#include "replayssm/presets.h"
 
 namespace replayssm::cli {
 namespace {
-
-struct Preset {
-  const char* name;
-  SsmShape shape;
-  int layers;
-  const char* about;
-};
-
-// Shapes of the Mamba layers of public checkpoints (heads = expand * d_model / headdim).
-constexpr Preset kPresets[] = {
-    {"tiny", {4, 16, 32, 1}, 2, "smoke test"},
-    {"small", {16, 64, 128, 1}, 6, "default: a slice of a Mamba-2 layer stack"},
-    {"mamba2-130m", {24, 64, 128, 1}, 24, "Mamba-2 130M"},
-    {"mamba2-370m", {32, 64, 128, 1}, 48, "Mamba-2 370M"},
-    {"mamba2-2.7b", {80, 64, 128, 1}, 64, "Mamba-2 2.7B"},
-    {"nemotron-h-8b", {128, 64, 128, 8}, 24, "Mamba layers of Nemotron-H 8B"},
-};
-
-std::string preset_names() {
-  std::string out;
-  for (const Preset& p : kPresets) out += std::string(out.empty() ? "" : ", ") + p.name;
-  return out;
-}
-
-const Preset& find_preset(const std::string& name) {
-  for (const Preset& p : kPresets)
-    if (name == p.name) return p;
-  fail("unknown --preset '", name, "' (expected one of: ", preset_names(), ")");
-}
 
 // Hash-seeded generator: the inputs of a token depend only on (seed, layer, token identity),
 // never on the order of generation, so every mode and backend sees the same numbers.
@@ -308,7 +280,7 @@ std::string bytes_text(double bytes) {
 }
 
 void run_demo(const DemoArgs& a) {
-  const Preset& preset = find_preset(a.preset);
+  const ModelPreset& preset = find_preset(a.preset);
   const int layers = a.layers > 0 ? a.layers : preset.layers;
   check(a.layers >= 0 && layers <= 1024, "--layers ", a.layers, " is out of range [1, 1024]");
   check(a.batch >= 1 && a.batch <= 4096, "--batch ", a.batch, " is out of range [1, 4096]");
