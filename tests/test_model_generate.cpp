@@ -12,6 +12,7 @@
 
 #include "model/generate.h"
 #include "model/mamba2.h"
+#include "model/synthetic.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 #include "model_test_util.h"
@@ -231,6 +232,38 @@ TEST(Generate, BadOptions) {
   opt.eos_token_id = 5;
   for (int32_t t : generate(model, std::vector<int32_t>{1, 2}, opt, nullptr, nullptr))
     EXPECT_NE(t, 5);
+}
+
+// The e2e measurement pieces: the acceptance solve, the committed-length mean, flush cadence.
+TEST(Synthetic, AcceptanceProcessAndFlushCadence) {
+  EXPECT_NEAR(acceptance_for_mean(1.0, 8), 0.0, 1e-9);
+  EXPECT_NEAR(acceptance_for_mean(8.0, 8), 1.0, 1e-9);
+  const double a = acceptance_for_mean(4.3, 8);
+  double mean = 0, p = 1;
+  for (int i = 0; i < 8; ++i, p *= a) mean += p;
+  EXPECT_NEAR(mean, 4.3, 1e-9);
+  EXPECT_THROW(acceptance_for_mean(9.0, 8), Error);
+
+  const ModelConfig c = config_for_preset(find_preset("tiny"), 300);
+  EXPECT_EQ(c.hidden_size, 4 * 16 / 2);
+  auto w = std::make_shared<const ModelWeights>(random_weights(c, 3));
+  EXPECT_EQ(random_weights(c, 3).layers[1].in_proj.bytes, w->layers[1].in_proj.bytes);
+  RunnerConfig rc;
+  rc.threads = 1;
+  Mamba2Model model(w, rc);
+  SyntheticOptions o;
+  o.prompt_tokens = 40;
+  o.new_tokens = 4000;
+  o.window = 8;
+  o.mean_accepted_length = 4.3;
+  const SyntheticResult spec = run_synthetic(model, o);
+  EXPECT_EQ(spec.generated, 4000);
+  EXPECT_NEAR(spec.mean_accepted_length(), 4.3, 0.15);
+  o.window = 1;
+  o.new_tokens = 513;
+  const SyntheticResult plain = run_synthetic(model, o);
+  EXPECT_EQ(plain.steps, 513);
+  EXPECT_EQ(plain.flushes, 32u);  // SPEC 7.4: one flush every `history` tokens
 }
 
 TEST(Tokenizer, ByteRoundTrip) {

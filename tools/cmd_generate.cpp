@@ -12,9 +12,11 @@
 #include "model/builtin.h"
 #include "model/generate.h"
 #include "model/mamba2.h"
+#include "model/synthetic.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 #include "replayssm/error.h"
+#include "replayssm/presets.h"
 
 namespace replayssm::cli {
 
@@ -37,16 +39,42 @@ struct GenerateArgs {
   std::string activation_dtype = "auto";
   int threads = 0;
   bool ignore_eos = false;
+  // --synthetic PRESET: random weights and a synthetic acceptance process (e2e measurement).
+  std::string synthetic;
+  int prompt_len = 512;
+  double accept_mean = 4.3;
 };
+
+// Random weights of a preset's shape, random prompt, synthetic acceptance: decode tokens/s with
+// full verify windows through every layer, no trained model needed (docs/model.md).
+void run_synthetic(const GenerateArgs& args, const model::RunnerConfig& rc_in) {
+  const ModelPreset& preset = find_preset(args.synthetic);
+  const model::ModelConfig config = model::config_for_preset(preset);
+  auto weights = std::make_shared<const model::ModelWeights>(model::random_weights(config, 1));
+  model::Mamba2Model runner(weights, rc_in);
+  model::SyntheticOptions opt;
+  opt.prompt_tokens = args.prompt_len;
+  opt.new_tokens = args.max_new_tokens;
+  opt.window = args.draft_max + 1;
+  opt.mean_accepted_length = opt.window > 1 ? args.accept_mean : 1.0;
+  opt.seed = args.seed + 1;
+  const model::SyntheticResult r = model::run_synthetic(runner, opt);
+  fmt::print(stderr,
+             "[generate --synthetic] {} ({:.0f}M params, random) | mode {} | prompt {} tok, "
+             "prefill {:.1f} tok/s | {} tok in {:.2f}s: {:.2f} tok/s | window {}: mean accepted "
+             "length {:.2f} (target {:.2f}), {} verify steps | flushes {} per layer\n",
+             preset.name, double(weights->parameter_count()) / 1e6, mode_name(rc_in.mode),
+             opt.prompt_tokens, r.prefill_seconds > 0 ? opt.prompt_tokens / r.prefill_seconds : 0.0,
+             r.generated, r.decode_seconds, r.tokens_per_second(), opt.window,
+             r.mean_accepted_length(), opt.mean_accepted_length, r.steps, r.flushes);
+}
 
 void run_generate(const GenerateArgs& args) {
   using clock = std::chrono::steady_clock;
-  const auto t_load = clock::now();
-  const std::string dir = args.model_dir.empty() ? model::builtin_model_dir() : args.model_dir;
-  auto weights = std::make_shared<const model::ModelWeights>(model::load_model(dir));
-  const std::unique_ptr<model::Tokenizer> tokenizer = model::load_tokenizer(dir, weights->config);
-  const double load_seconds = std::chrono::duration<double>(clock::now() - t_load).count();
-
+  if (!args.synthetic.empty()) {
+    check(args.model_dir.empty() && args.prompt.empty() && args.prompt_file.empty(),
+          "--synthetic uses random weights and a random prompt: drop -m, -p and -f");
+  }
   model::RunnerConfig rc;
   rc.mode = resolve_mode(args.mode).value_or(Mode::fp32);
   rc.history = args.history;
@@ -61,6 +89,14 @@ void run_generate(const GenerateArgs& args) {
   check(args.draft_max >= 0 && args.draft_max <= rc.max_window - 1, "--draft-max ", args.draft_max,
         " is outside 0..", rc.max_window - 1,
         " (a verify window holds at most min(8, history/2) = ", rc.max_window, " tokens)");
+  if (!args.synthetic.empty()) return run_synthetic(args, rc);
+
+  const auto t_load = clock::now();
+  const std::string dir = args.model_dir.empty() ? model::builtin_model_dir() : args.model_dir;
+  auto weights = std::make_shared<const model::ModelWeights>(model::load_model(dir));
+  const std::unique_ptr<model::Tokenizer> tokenizer = model::load_tokenizer(dir, weights->config);
+  const double load_seconds = std::chrono::duration<double>(clock::now() - t_load).count();
+
   check(!args.prompt.empty() || !args.prompt_file.empty(),
         "no prompt: give it with -p TEXT or -f FILE");
   std::string text = args.prompt;
@@ -158,6 +194,15 @@ void register_generate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--ignore-eos", args->ignore_eos, "keep generating past the EOS token");
+  cmd->add_option("--synthetic", args->synthetic,
+                  "measure instead: random weights in the shape of a preset (" + preset_names() +
+                      "), random prompt, synthetic acceptance; prints the statistics line only");
+  cmd->add_option("--prompt-len", args->prompt_len, "--synthetic: prompt tokens (prefill)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--accept-mean", args->accept_mean,
+                  "--synthetic: mean tokens committed per verify, 1..draft-max+1")
+      ->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }
 
