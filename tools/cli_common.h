@@ -82,5 +82,6 @@ void register_ckpt(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_drift(CLI::App& app);
+void register_generate(CLI::App& app);  // tools/cmd_generate.cpp
 
 }  // namespace replayssm::cli

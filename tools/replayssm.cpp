@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   replayssm::cli::register_demo(app);
   replayssm::cli::register_plan(app);
   replayssm::cli::register_drift(app);
+  replayssm::cli::register_generate(app);
   // CLI11 reports a misspelled command as "a subcommand is required"; name it instead.
   CLI::App* current = &app;
   for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {

@@ -1,0 +1,287 @@
+#include "model/mamba2.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/formats.h"
+#include "io/staging.h"
+#include "model/matmul.h"
+#include "replayssm/error.h"
+
+namespace replayssm::model {
+
+namespace {
+
+inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// out = weight * x / sqrt(mean(x^2) + eps) over `width` elements (Mamba2RMSNorm).
+void rms_norm(const float* x, const float* weight, int64_t width, float eps, float* out) {
+  double sum = 0.0;  // double: wide layers (d_inner 8192+) would lose digits in an fp32 sum
+  for (int64_t i = 0; i < width; ++i) sum += double(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(float(sum / double(width)) + eps);
+  for (int64_t i = 0; i < width; ++i) out[i] = weight[i] * (x[i] * scale);
+}
+
+}  // namespace
+
+Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const RunnerConfig& config)
+    : weights_(std::move(weights)), runner_(config) {
+  check(weights_ != nullptr, "Mamba2Model: no weights");
+  const ModelConfig& c = weights_->config;
+  check(runner_.activation_dtype == DType::f32 || runner_.activation_dtype == DType::bf16,
+        "model runner: activation dtype must be fp32 or bf16, got ",
+        dtype_name(runner_.activation_dtype));
+  check(runner_.prefill_chunk >= 1, "model runner: prefill chunk must be at least 1, got ",
+        runner_.prefill_chunk);
+  check(runner_.threads >= 0, "model runner: threads must be >= 0, got ", runner_.threads);
+  if (runner_.threads > 0) omp_set_num_threads(runner_.threads);
+  caches_.reserve(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = weights_->layers[size_t(l)];
+    LayerParams params;
+    params.A_log = lw.A_log;
+    params.dt_bias = lw.dt_bias;
+    params.D = lw.D;
+    params.dt_min = c.time_step_min_clamp;
+    params.dt_max = c.time_step_max_clamp;
+    CacheConfig cc;
+    cc.mode = runner_.mode;
+    cc.history = runner_.history;
+    cc.max_window = runner_.max_window;
+    cc.num_slots = runner_.num_slots;
+    cc.activation_dtype = runner_.activation_dtype;
+    cc.seed = runner_.seed;
+    cc.layer = l;
+    caches_.emplace_back(c.ssm_shape(), params, cc, runner_.backend);
+  }
+  conv_.assign(size_t(c.num_layers), std::vector<ConvState>(size_t(runner_.num_slots)));
+  pending_.assign(size_t(runner_.num_slots), 0);
+}
+
+void Mamba2Model::check_slot(int slot, const char* op) const {
+  check(slot >= 0 && slot < runner_.num_slots && caches_.front().is_open(slot), op, ": slot ", slot,
+        " is not open");
+}
+
+int Mamba2Model::open(uint64_t request_id) {
+  const int slot = caches_.front().allocate(request_id);
+  for (size_t l = 1; l < caches_.size(); ++l) caches_[l].open(slot, request_id);
+  const ModelConfig& c = weights_->config;
+  for (auto& layer : conv_) {
+    ConvState& s = layer[size_t(slot)];
+    s.committed.assign(size_t(c.conv_kernel - 1) * size_t(c.conv_dim()), 0.0f);
+    s.pending.assign(size_t(runner_.max_window) * size_t(c.conv_dim()), 0.0f);
+    s.pending_count = 0;
+  }
+  pending_[size_t(slot)] = 0;
+  return slot;
+}
+
+void Mamba2Model::release(int slot) {
+  check_slot(slot, "release");
+  for (ReplayCache& cache : caches_) cache.release(slot);
+  pending_[size_t(slot)] = 0;
+}
+
+void Mamba2Model::prefill(int slot, std::span<const int32_t> tokens, std::vector<float>& logits,
+                          bool all_logits) {
+  check_slot(slot, "prefill");
+  check(!tokens.empty(), "prefill: the prompt is empty (at least one token is needed)");
+  check(pending_[size_t(slot)] == 0, "prefill: slot ", slot,
+        " has an uncommitted verify window; commit it first");
+  const int64_t V = vocab_size();
+  std::vector<float> chunk_logits;
+  if (all_logits) logits.assign(tokens.size() * size_t(V), 0.0f);
+  for (size_t start = 0; start < tokens.size(); start += size_t(runner_.prefill_chunk)) {
+    const int64_t T = int64_t(std::min(tokens.size() - start, size_t(runner_.prefill_chunk)));
+    const bool last = start + size_t(T) == tokens.size();
+    if (!all_logits && !last) {
+      std::vector<float> none;
+      forward(slot, tokens.data() + start, T, Op::prefill, false, none);
+      continue;
+    }
+    forward(slot, tokens.data() + start, T, Op::prefill, all_logits, chunk_logits);
+    if (all_logits) {
+      std::copy(chunk_logits.begin(), chunk_logits.end(), logits.begin() + int64_t(start) * V);
+    } else {
+      logits = chunk_logits;
+    }
+  }
+}
+
+void Mamba2Model::verify(int slot, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  check_slot(slot, "verify");
+  const int64_t W = int64_t(tokens.size());
+  check(W >= 1 && W <= runner_.max_window, "verify: window of ", W,
+        " tokens is outside 1..max_window (", runner_.max_window, ")");
+  check(pending_[size_t(slot)] == 0, "verify: slot ", slot,
+        " has an uncommitted verify window; commit it first");
+  forward(slot, tokens.data(), W, Op::verify, true, logits);
+  pending_[size_t(slot)] = int(W);
+}
+
+void Mamba2Model::commit(int slot, int accepted) {
+  check_slot(slot, "commit");
+  const int W = pending_[size_t(slot)];
+  check(W > 0, "commit: slot ", slot, " has no verify window to commit");
+  check(accepted >= 1 && accepted <= W, "commit: accepted count ", accepted, " is outside 1..", W,
+        " (the window's size)");
+  const int32_t slot_i = slot, acc = accepted;
+  const TensorView slots = host_view(&slot_i, DType::i32, {1});
+  const TensorView counts = host_view(&acc, DType::i32, {1});
+  for (ReplayCache& cache : caches_) cache.commit(slots, counts);
+  // Conv history: the last K-1 inputs of (committed history ++ first `accepted` window inputs).
+  const int64_t K1 = weights_->config.conv_kernel - 1, cd = weights_->config.conv_dim();
+  for (auto& layer : conv_) {
+    ConvState& s = layer[size_t(slot)];
+    std::vector<float> seq(size_t((K1 + accepted) * cd));
+    std::copy(s.committed.begin(), s.committed.end(), seq.begin());
+    std::copy(s.pending.begin(), s.pending.begin() + int64_t(accepted) * cd, seq.begin() + K1 * cd);
+    std::copy(seq.end() - K1 * cd, seq.end(), s.committed.begin());
+    s.pending_count = 0;
+  }
+  pending_[size_t(slot)] = 0;
+}
+
+CacheStats Mamba2Model::stats() const {
+  CacheStats total;
+  for (const ReplayCache& cache : caches_) {
+    const CacheStats s = cache.stats();
+    total.flushes += s.flushes;
+    total.saturated += s.saturated;
+    total.checkpoint_writes += s.checkpoint_writes;
+    total.nonfinite += s.nonfinite;
+  }
+  return total;
+}
+
+uint64_t Mamba2Model::flushes_per_layer() const { return caches_.front().stats().flushes; }
+
+void Mamba2Model::forward(int slot, const int32_t* tokens, int64_t T, Op op, bool all_logits,
+                          std::vector<float>& logits) {
+  const ModelConfig& c = weights_->config;
+  const int64_t d = c.hidden_size, V = c.vocab_size;
+  for (int64_t t = 0; t < T; ++t)
+    check(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " at position ", t,
+          " is outside the vocabulary 0..", V - 1);
+  resid_.resize(size_t(T * d));
+  for (int64_t t = 0; t < T; ++t) weights_->embeddings.row_f32(tokens[t], resid_.data() + t * d);
+  for (int l = 0; l < c.num_layers; ++l) layer_forward(l, slot, T, op);
+  // Final norm and lm_head, only for the rows the caller needs.
+  const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
+  h_.resize(size_t(rows * d));
+  for (int64_t t = 0; t < rows; ++t)
+    rms_norm(resid_.data() + (first + t) * d, weights_->norm_f.data(), d, c.layer_norm_epsilon,
+             h_.data() + t * d);
+  logits.resize(size_t(rows * V));
+  matmul(h_.data(), rows, weights_->head(), nullptr, logits.data());
+}
+
+void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
+  const ModelConfig& c = weights_->config;
+  const LayerWeights& w = weights_->layers[size_t(layer)];
+  const int64_t d = c.hidden_size, H = c.num_heads, P = c.head_dim, N = c.state_size,
+                G = c.n_groups, K = c.conv_kernel, K1 = K - 1;
+  const int64_t d_inner = c.d_inner(), cd = c.conv_dim();
+  const int64_t rows = w.in_proj.rows;
+  const int64_t z_off = 2 * int64_t(weights_->d_mlp), xbc_off = z_off + d_inner,
+                dt_off = xbc_off + cd;
+
+  // 1. Pre-norm and in_proj.
+  h_.resize(size_t(T * d));
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(resid_.data() + t * d, w.norm.data(), d, c.layer_norm_epsilon, h_.data() + t * d);
+  proj_.resize(size_t(T * rows));
+  matmul(h_.data(), T, w.in_proj, w.in_bias.empty() ? nullptr : w.in_bias.data(), proj_.data());
+
+  // 2. Causal depthwise conv1d over [K-1 history inputs ++ T new inputs], then SiLU.
+  ConvState& cs = conv_[size_t(layer)][size_t(slot)];
+  seq_.resize(size_t((K1 + T) * cd));  // [K-1 + T, conv_dim]
+  std::copy(cs.committed.begin(), cs.committed.end(), seq_.begin());
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(seq_.data() + (K1 + t) * cd, proj_.data() + t * rows + xbc_off,
+                size_t(cd) * sizeof(float));
+  xbc_.resize(size_t(T * cd));
+#pragma omp parallel for schedule(static) if (T * cd > 16384)
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t ch = 0; ch < cd; ++ch) {
+      float acc = w.conv_b[size_t(ch)];
+      for (int64_t i = 0; i < K; ++i)
+        acc += w.conv_w[size_t(ch * K + i)] * seq_[size_t((t + i) * cd + ch)];
+      xbc_[size_t(t * cd + ch)] = silu(acc);
+    }
+  }
+  if (op == Op::prefill) {
+    std::copy(seq_.end() - K1 * cd, seq_.end(), cs.committed.begin());
+  } else {
+    std::copy(seq_.begin() + K1 * cd, seq_.end(), cs.pending.begin());
+    cs.pending_count = int(T);
+  }
+
+  // 3. Split into x [T, H, P], B [T, G, N], C [T, G, N] and raw dt [T, H].
+  x_.resize(size_t(T * d_inner));
+  B_.resize(size_t(T * G * N));
+  C_.resize(size_t(T * G * N));
+  dt_.resize(size_t(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = xbc_.data() + t * cd;
+    std::memcpy(x_.data() + t * d_inner, src, size_t(d_inner) * sizeof(float));
+    std::memcpy(B_.data() + t * G * N, src + d_inner, size_t(G * N) * sizeof(float));
+    std::memcpy(C_.data() + t * G * N, src + d_inner + G * N, size_t(G * N) * sizeof(float));
+    std::memcpy(dt_.data() + t * H, proj_.data() + t * rows + dt_off, size_t(H) * sizeof(float));
+  }
+  const void* xp = x_.data();
+  const void* Bp = B_.data();
+  const void* Cp = C_.data();
+  if (runner_.activation_dtype == DType::bf16) {
+    auto narrow = [](const std::vector<float>& in, std::vector<uint16_t>& out) {
+      out.resize(in.size());
+      for (size_t i = 0; i < in.size(); ++i) out[i] = f32_to_bf16(in[i]);
+    };
+    narrow(x_, x16_);
+    narrow(B_, B16_);
+    narrow(C_, C16_);
+    xp = x16_.data();
+    Bp = B16_.data();
+    Cp = C16_.data();
+  }
+
+  // 4. The SSM through the replay cache: y [T, H, P] fp32, D x included.
+  const DType act = runner_.activation_dtype;
+  y_.resize(size_t(T * d_inner));
+  // On the CUDA backend the token tensors are staged to the device and y comes back; the GEMMs,
+  // conv and norms stay on the CPU (docs/model.md).
+  const int32_t slot_i = slot;
+  const TensorView slots = host_view(&slot_i, DType::i32, {1});
+  const BackendKind be = runner_.backend;
+  const io::Staged xv(be, xp, act, {1, T, H, P});
+  const io::Staged Bv(be, Bp, act, {1, T, G, N});
+  const io::Staged Cv(be, Cp, act, {1, T, G, N});
+  const io::Staged dtv(be, dt_.data(), DType::f32, {1, T, H});
+  const io::Staged yv(be, y_.data(), DType::f32, {1, T, H, P});
+  if (op == Op::prefill) {
+    caches_[size_t(layer)].prefill(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+  } else {
+    caches_[size_t(layer)].verify(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+  }
+  yv.copy_to_host(y_.data());
+
+  // 5. Gated RMSNorm: norm(y * silu(z)) over groups of d_inner / norm_groups, then out_proj.
+  g_.resize(size_t(T * d_inner));
+  const int64_t group = d_inner / c.norm_groups;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = proj_.data() + t * rows + z_off;
+    float* g = g_.data() + t * d_inner;
+    for (int64_t i = 0; i < d_inner; ++i) g[i] = y_[size_t(t * d_inner + i)] * silu(z[i]);
+    for (int64_t g0 = 0; g0 < d_inner; g0 += group)
+      rms_norm(g + g0, w.gated_norm.data() + g0, group, c.layer_norm_epsilon, g + g0);
+  }
+  out_.resize(size_t(T * d));
+  matmul(g_.data(), T, w.out_proj, w.out_bias.empty() ? nullptr : w.out_bias.data(), out_.data());
+  for (int64_t i = 0; i < T * d; ++i) resid_[size_t(i)] += out_[size_t(i)];
+}
+
+}  // namespace replayssm::model

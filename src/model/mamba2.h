@@ -1,0 +1,96 @@
+// The Mamba-2 language model on the CPU, one ReplayCache per layer (SPEC sections 3-5).
+//
+// Per layer and token (Hugging Face Mamba2Block / Mamba2Mixer, docs/model.md):
+//   h = RMSNorm(residual)                       [d_model]
+//   [d_mlp, d_mlp, z, xBC, dt] = in_proj(h)     z [d_inner], xBC [conv_dim], dt [H]
+//   xBC = SiLU(causal depthwise conv1d(xBC))    kernel K over this and the K-1 previous tokens
+//   x, B, C = split(xBC)                        x [H, P], B [G, N], C [G, N]
+//   y = SSM(x, B, C, dt) through the cache      [H, P] (softplus(dt + dt_bias), D x inside)
+//   residual += out_proj(GatedRMSNorm(y * SiLU(z)))
+// then logits = lm_head(RMSNorm_f(residual)).
+//
+// Speculative decoding: verify(W tokens) runs the window through every layer together
+// (ReplayCache::verify), commit(k) keeps the first k. The conv1d has its own rolling state: the
+// last K-1 committed inputs per slot plus the inputs of the pending window, so commit advances it
+// by exactly the accepted tokens and rejected drafts leave no trace.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/weights.h"
+#include "replayssm/cache.h"
+
+namespace replayssm::model {
+
+struct RunnerConfig {
+  Mode mode = Mode::fp32;
+  int history = 16;    // ring capacity per layer
+  int max_window = 8;  // 1 + the most drafts per verify
+  int num_slots = 1;
+  // x, B, C as stored in the ring. fp32 keeps the fp32 mode exact; the SPEC default is bf16.
+  DType activation_dtype = DType::f32;
+  uint64_t seed = 0;  // stochastic rounding (Philox key)
+  BackendKind backend = BackendKind::cpu;
+  int prefill_chunk = 256;  // prompt tokens per prefill call (bounds the activation memory)
+  // OpenMP threads (omp_set_num_threads, process-wide); 0 leaves the OpenMP default. Small
+  // models decode fastest on one thread: a decode step is shorter than a thread team's wake-up.
+  int threads = 0;
+};
+
+struct ConvState {
+  std::vector<float> committed;  // [K-1, conv_dim]: inputs of the last K-1 committed tokens
+  std::vector<float> pending;    // [max_window, conv_dim]: inputs of the last verify window
+  int pending_count = 0;
+};
+
+class Mamba2Model {
+ public:
+  Mamba2Model(std::shared_ptr<const ModelWeights> weights, const RunnerConfig& config);
+
+  const ModelConfig& config() const { return weights_->config; }
+  const RunnerConfig& runner_config() const { return runner_; }
+  const ModelWeights& weights() const { return *weights_; }
+  int vocab_size() const { return weights_->config.vocab_size; }
+
+  int open(uint64_t request_id);  // a fresh slot: zero SSM state, zero conv history
+  void release(int slot);
+
+  // Runs the tokens through every layer (cache prefill: FP32 recurrence, checkpoint written,
+  // ring empty). logits: [T, V] when all_logits, else [1, V] for the last token.
+  void prefill(int slot, std::span<const int32_t> tokens, std::vector<float>& logits,
+               bool all_logits = false);
+  // Runs W = tokens.size() tokens (1 <= W <= max_window) as pending entries; logits [W, V].
+  // Row j is the next-token distribution after tokens[0..j].
+  void verify(int slot, std::span<const int32_t> tokens, std::vector<float>& logits);
+  // Keeps the first `accepted` tokens of the last verify (1..W) in every layer.
+  void commit(int slot, int accepted);
+
+  CacheStats stats() const;            // summed over layers
+  uint64_t flushes_per_layer() const;  // layer 0's flush count
+  ReplayCache& cache(int layer) { return caches_[size_t(layer)]; }
+  const ConvState& conv_state(int layer, int slot) const {
+    return conv_[size_t(layer)][size_t(slot)];
+  }
+
+ private:
+  enum class Op { prefill, verify };
+  void forward(int slot, const int32_t* tokens, int64_t T, Op op, bool all_logits,
+               std::vector<float>& logits);
+  void layer_forward(int layer, int slot, int64_t T, Op op);
+  void check_slot(int slot, const char* op) const;
+
+  std::shared_ptr<const ModelWeights> weights_;
+  RunnerConfig runner_;
+  std::vector<ReplayCache> caches_;           // [layers]
+  std::vector<std::vector<ConvState>> conv_;  // [layers][slots]
+  std::vector<int> pending_;                  // [slots] W of the uncommitted verify, or 0
+
+  // Workspace, sized for the largest T seen.
+  std::vector<float> resid_, h_, proj_, xbc_, seq_, x_, B_, C_, dt_, y_, g_, out_;
+  std::vector<uint16_t> x16_, B16_, C16_;
+};
+
+}  // namespace replayssm::model
