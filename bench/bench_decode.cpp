@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
       rows.push_back(r);
     }
     for (int W : {1, 8}) {
-      for (Mode mode : {Mode::fp32, Mode::shared_fp8, Mode::separate_fp8}) {
+      for (Mode mode : {Mode::fp32, Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
         Row r = bench_replay(params, batch, mode, W, repeats, rng);
         const Row& base = W == 1 ? f1 : f8;
         r.baseline_us = base.us;

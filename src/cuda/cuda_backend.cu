@@ -148,8 +148,13 @@ class CudaBackend final : public CacheBackend {
     base_.sr_bits = config.sr_bits;
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);
-    smem_ = cuda::StepSmem::bytes(config.history, N, shape.headdim);
+    smem_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, config.history);
+    smem_nonflushing_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, 0);
     check(smem_ <= 200 * 1024, "cuda backend: shape needs too much shared memory");
+    int device = 0;
+    RSSM_CUDA_CHECK(cudaGetDevice(&device));
+    RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    ensure_readout(config.num_slots);
   }
 
   ~CudaBackend() override {
@@ -244,6 +249,7 @@ class CudaBackend final : public CacheBackend {
   void flush(const int32_t* slots, int batch) override {
     if (batch == 0) return;
     ensure_status(batch);
+    ensure_readout(batch);
     ReplayParams p = base_;
     p.slots = device_ints(slots, batch, staged_slots_);
     p.batch = batch;
@@ -336,6 +342,20 @@ class CudaBackend final : public CacheBackend {
     status_capacity_ = batch;
   }
 
+  // Scratch of readout_kernel for `batch` entries. Sized for num_slots at construction, so a
+  // captured step of at most num_slots entries never reallocates.
+  void ensure_readout(int batch) {
+    if (batch <= readout_capacity_) return;
+    if (readout_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
+    readout_.reset(
+        device_alloc<float>(size_t(batch) * config_.max_window * shape_.nheads * shape_.headdim));
+    flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));
+    readout_capacity_ = batch;
+    base_.readout = readout_.get();
+    base_.flush_count = flush_list_.get();
+    base_.flush_list = flush_list_.get() + 1;
+  }
+
   struct Staging {
     DevicePtr<int32_t> buffer;
     int capacity = 0;
@@ -364,6 +384,7 @@ class CudaBackend final : public CacheBackend {
           "cuda backend: y dtype ", dtype_name(batch.y_dtype), " must be f32 or the activation",
           " dtype");
     ensure_status(batch.batch);
+    ensure_readout(batch.batch);
     ReplayParams p = base_;
     p.slots = device_ints(batch.slots, batch.batch, staged_slots_);
     p.batch = batch.batch;
@@ -379,14 +400,20 @@ class CudaBackend final : public CacheBackend {
   }
 
   // The non-flushing and the flushing slots of a step, in that order (see replay_step_kernel).
+  // A verify first streams the checkpoint readout of the non-flushing slots (readout_kernel);
+  // the flushing slots are listed on the device and served by a grid of a few blocks per SM.
   template <Mode kMode, typename ActT>
   void launch_step(const ReplayParams& p) {
-    allow_smem(cuda::replay_step_kernel<kMode, ActT, false>, smem_);
-    allow_smem(cuda::replay_step_kernel<kMode, ActT, true>, smem_);
-    cuda::replay_step_kernel<kMode, ActT, false>
-        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
-    cuda::replay_step_kernel<kMode, ActT, true>
-        <<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+    allow_smem(cuda::replay_step_kernel<kMode, ActT>, smem_nonflushing_);
+    allow_smem(cuda::replay_flush_kernel<kMode, ActT>, smem_);
+    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
+    cuda::collect_flushing_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
+    if (p.tokens > 0)
+      cuda::readout_kernel<kMode, ActT><<<p.batch * p.H, cuda::kReadoutThreads, 0, stream_>>>(p);
+    cuda::replay_step_kernel<kMode, ActT>
+        <<<p.batch * p.H, cuda::kNonFlushingThreads, smem_nonflushing_, stream_>>>(p);
+    cuda::replay_flush_kernel<kMode, ActT>
+        <<<std::min(p.batch * p.H, 2 * sm_count_), cuda::kStepThreads, smem_, stream_>>>(p);
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {
@@ -412,7 +439,12 @@ class CudaBackend final : public CacheBackend {
   Staging staged_slots_, staged_accepted_;
   uint64_t writes_by_import_ = 0;
   ReplayParams base_;
-  size_t smem_ = 0;
+  size_t smem_ = 0;                // kernels that fold (flushing step, prefill, dense)
+  size_t smem_nonflushing_ = 0;    // the non-flushing step
+  DevicePtr<float> readout_;       // [batch, max_window, H, P]
+  DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
+  int sm_count_ = 1;
+  int readout_capacity_ = 0;
 };
 
 }  // namespace

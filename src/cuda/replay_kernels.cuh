@@ -23,6 +23,9 @@ namespace replayssm::cuda {
 inline constexpr int kMaxWindow = 8;    // W <= 8 (one value per lane group of row_sum8)
 inline constexpr int kMaxHistory = 32;  // L <= 32
 inline constexpr int kStepThreads = 256;
+// The non-flushing step has little work per block (no checkpoint rows): smaller blocks, more of
+// them resident, so the latency of its dependent loads and barriers overlaps across blocks.
+inline constexpr int kNonFlushingThreads = 128;
 inline constexpr int kStepRows = 4;  // rows per thread and pass
 
 // The 8- and 4-bit read checkpoints use the BF16 readout rule (SPEC 5).
@@ -85,6 +88,9 @@ struct ReplayParams {
   U32x2 key;
   int sr_bits, philox_rounds;
   HeadParams head;
+  float* readout;       // [B, W, H, P] scale * (R . C_j) of non-flushing slots (readout_kernel)
+  int32_t* flush_list;  // [B] batch entries that flush in this step (collect_flushing_kernel)
+  int32_t* flush_count;
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
   int at;
@@ -195,21 +201,23 @@ struct StepSmem {
   float* dec;         // [kMaxWindow]     exp(A L_i)
   float* misc;        // [4]              misc[0] = exp(A L_{m-1}) of the fold
 
-  static size_t bytes(int L, int N, int P) {
-    return sizeof(float) * (2 * size_t(L) * N + 2 * size_t(L) * P + 4 * size_t(L) +
-                            2 * size_t(kMaxWindow) * N + size_t(kMaxWindow) * L + kMaxWindow + 4);
+  // F = rows reserved for folded entries: L for the flushing kernel, 0 for the others.
+  static size_t bytes(int L, int N, int P, int F) {
+    return sizeof(float) *
+           (size_t(F) * N + size_t(L) * N + size_t(F) * P + size_t(L) * P + 2 * size_t(F) +
+            2 * size_t(L) + 2 * size_t(kMaxWindow) * N + size_t(kMaxWindow) * L + kMaxWindow + 4);
   }
-  __device__ static StepSmem carve(float* base, int L, int N, int P) {
+  __device__ static StepSmem carve(float* base, int L, int N, int P, int F) {
     StepSmem s;
     s.fold_B = base;
-    s.hist_B = s.fold_B + L * N;
+    s.hist_B = s.fold_B + F * N;
     s.C = s.hist_B + L * N;
     s.Cr = s.C + kMaxWindow * N;
     s.fold_x = s.Cr + kMaxWindow * N;
-    s.hist_x = s.fold_x + L * P;
+    s.hist_x = s.fold_x + F * P;
     s.fold_sum = s.hist_x + L * P;
-    s.fold_w = s.fold_sum + L;
-    s.hist_delta = s.fold_w + L;
+    s.fold_w = s.fold_sum + F;
+    s.hist_delta = s.fold_w + F;
     s.hist_L = s.hist_delta + L;
     s.w = s.hist_L + L;
     s.dec = s.w + kMaxWindow * L;
@@ -350,15 +358,77 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   return bad;
 }
 
-// verify (tokens = W >= 1) or explicit flush (tokens = 0, force_flush). One block per (b, h).
-// Launched twice per step: kFlushing = false serves the slots that do not flush (no encoder in
-// the code, so fewer registers and more blocks per SM), kFlushing = true those that do; each
-// launch's blocks of the other kind exit at once.
-template <Mode kMode, typename ActT, bool kFlushing>
-__global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
-    replay_step_kernel(const ReplayParams p) {
-  extern __shared__ float4 smem_raw[];
+// The checkpoint readout of the slots that do not flush in this verify, as a pure streaming pass:
+//   readout[b][j][h][p] = scale_p * sum_n R[p,n] C_j[n]      (R, scale: read checkpoint values)
+// One block of kReadoutThreads per (b, h); a row is held by N/8 lanes (8 elements each, as in
+// replay_step_kernel, so the sums are bit-identical), kStepRows rows per thread in flight. The
+// checkpoint address depends only on the slot, so its loads start one dependent load after the
+// launch; C_j (bf16-rounded in the 8/4-bit read modes) is staged in shared memory meanwhile.
+inline constexpr int kReadoutThreads = 128;
+
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kReadoutThreads) readout_kernel(const ReplayParams p) {
+  __shared__ __align__(16) float Cr[kMaxWindow * 256];  // [W, N], N <= 256
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  const int W = p.tokens, N = p.N, P = p.P, G = p.G, g = h / (p.H / G);
+  const ActT* C = static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N;
+  for (int u = threadIdx.x; u < W * N / 8; u += blockDim.x) {
+    const int j = u / (N / 8), n = (u - j * (N / 8)) * 8;
+    float v[8];
+    load8_act(C + int64_t(j) * G * N + n, p.act_f16, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      Cr[j * N + n + i] = bf16_readout(kMode) ? bf16_to_f32(f32_to_bf16(v[i])) : v[i];
+  }
+  if (!slot_ok(p, b)) return;  // uniform over the block: no barrier is skipped by some threads
+  const int slot = p.slots[b];
+  const SlotCursors cur = p.cursors[slot];
+  if (verify_needs_flush(cur, W, p.L)) return;  // replay_step_kernel<..., true> reads it
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const int lanes = p.lanes_per_row, lane_in_row = threadIdx.x % lanes, n0 = lane_in_row * 8;
+  const int rows_per_pass = blockDim.x / lanes, per_value = lanes / 8;
+  __syncthreads();
+  for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
+    RawChunk raw[kStepRows];
+    int prow[kStepRows];
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
+      load_raw8<kMode>(sec, int64_t(h) * P + min(prow[r], P - 1), n0, N, false, raw[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kStepRows; ++r) {
+      float v[8];
+      const float scale = decode_raw8<kMode>(raw[r], false, v);
+      float part[kMaxWindow];
+#pragma unroll
+      for (int j = 0; j < kMaxWindow; ++j) {
+        if (j >= W) {
+          part[j] = 0.f;
+          continue;
+        }
+        const float4 c0 = *reinterpret_cast<const float4*>(Cr + j * N + n0);
+        const float4 c1 = *reinterpret_cast<const float4*>(Cr + j * N + n0 + 4);
+        part[j] = v[0] * c0.x + v[1] * c0.y + v[2] * c0.z + v[3] * c0.w + v[4] * c1.x +
+                  v[5] * c1.y + v[6] * c1.z + v[7] * c1.w;
+      }
+      const float dotC = row_sum8(part, lane_in_row, lanes);
+      const int j = lane_in_row / per_value;
+      if (prow[r] < P && j < W && lane_in_row % per_value == 0)
+        p.readout[((int64_t(b) * W + j) * p.H + h) * P + prow[r]] = scale * dotC;
+    }
+  }
+}
+
+// verify (tokens = W >= 1) or explicit flush (tokens = 0, force_flush) of batch entry b, head h,
+// by one block. kFlushing = true serves the slots that flush (fold, encode and readout from the
+// new codes in one pass over the checkpoint; replay_flush_kernel); kFlushing = false the others,
+// whose checkpoint readout readout_kernel has already streamed into p.readout, so this only
+// stages the ring, appends the window and adds the ring term (no checkpoint bytes, little shared
+// memory, many blocks per SM; replay_step_kernel). Entries of the other kind return at once.
+template <Mode kMode, typename ActT, bool kFlushing>
+__device__ __forceinline__ void replay_step(const ReplayParams& p, const int b, const int h) {
+  extern __shared__ float4 smem_raw[];
   if (!slot_ok(p, b)) return;
   const int slot = p.slots[b];
   const SlotCursors cur = p.cursors[slot];
@@ -373,7 +443,8 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
   SlotCursors after = cur;
   if (flush) apply_flush(after, L);
   const SlotSections sec = slot_sections(p.geo, slot);
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, P);
+  const StepSmem sm =
+      StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, P, kFlushing ? L : 0);
   const float A = p.head.A[h], D = p.head.D[h];
   const int m = c_hist + W;  // entries seen by the readout
 
@@ -397,7 +468,7 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
       load_raw8<kMode>(sec, int64_t(h) * P + pr, n0, N, flush, raw[r]);
     }
   };
-  load_group(0);
+  if constexpr (kFlushing) load_group(0);
 
   // ---- stage ring entries and the window's inputs in shared memory: one pass over all rows in
   // 8-element vectors, two per thread in flight
@@ -477,6 +548,19 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
   }
   __syncthreads();
 
+  if constexpr (!kFlushing) {
+    // y_j = exp(A L_i) * readout_j + sum_{k <= i} w[j][k] x_k + D x_i, i = c + j
+    for (int idx = threadIdx.x; idx < W * P; idx += blockDim.x) {
+      const int j = idx / P, pr = idx - j * P, i = c_hist + j;
+      const int64_t out = ((int64_t(b) * W + j) * H + h) * P + pr;
+      float acc = sm.dec[j] * p.readout[out];
+      for (int k = 0; k <= i; ++k) acc += sm.w[j * L + k] * sm.hist_x[k * P + pr];
+      acc += D * sm.hist_x[i * P + pr];
+      store_scalar(p.y, p.y_dtype, out, acc);
+    }
+    return;
+  }
+
   // ---- checkpoint rows: flush (fold + encode) and readout
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
@@ -534,6 +618,34 @@ __global__ void __launch_bounds__(kStepThreads, kFlushing ? 1 : 3)
   }
   if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
   if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+}
+
+// The non-flushing slots: one block per (b, h); blocks of flushing slots exit at once.
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kStepThreads, 4) replay_step_kernel(const ReplayParams p) {
+  replay_step<kMode, ActT, false>(p, blockIdx.x / p.H, blockIdx.x % p.H);
+}
+
+// Lists the batch entries that flush in this step (p.flush_count zeroed before the launch), so
+// the heavy flushing kernel runs over them alone instead of over every (b, h) of the batch.
+__global__ void collect_flushing_kernel(const ReplayParams p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= p.batch || !slot_ok(p, b)) return;
+  const SlotCursors cur = p.cursors[p.slots[b]];
+  const bool flushes = (p.force_flush && cur.committed > 0) ||
+                       (p.tokens > 0 && verify_needs_flush(cur, p.tokens, p.L));
+  if (flushes) p.flush_list[atomicAdd(p.flush_count, 1)] = b;
+}
+
+// The flushing slots: a grid of a few blocks per SM strides over the (listed entry, head) items;
+// the barrier between items keeps one item's shared memory from being overwritten by the next.
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kStepThreads, 1) replay_flush_kernel(const ReplayParams p) {
+  const int items = *p.flush_count * p.H;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    replay_step<kMode, ActT, true>(p, p.flush_list[item / p.H], item % p.H);
+    __syncthreads();
+  }
 }
 
 // Second launch of verify / flush: ring B of the window and the cursors. One block per b.
@@ -603,7 +715,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
   const int T = p.tokens, N = p.N, P = p.P, H = p.H, G = p.G;
   const int g = h / (H / G);
   const SlotSections sec = slot_sections(p.geo, slot);
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P, p.L);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, g, sm);
   __syncthreads();
   const float A = p.head.A[h], D = p.head.D[h];
@@ -689,7 +801,7 @@ __global__ void __launch_bounds__(kStepThreads)
   const SlotCursors cur = p.cursors[slot];
   const int N = p.N, P = p.P, H = p.H, G = p.G;
   const SlotSections sec = slot_sections(p.geo, slot);
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P, p.L);
   const int at = encode ? 0 : p.at;
   if (!encode) stage_fold<ActT>(p, sec, cur, at, h, h / (H / G), sm);
   __syncthreads();
