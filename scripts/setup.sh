@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for a fresh machine (Debian 12 / Ubuntu): installs the build dependencies with
 # apt-get, configures and builds replayssm (with the CUDA backend when nvcc is on PATH), and runs
-# the main job on its built-in default. Extra CMake arguments: REPLAYSSM_CMAKE_ARGS="...".
+# the main job on its built-in default: text generation with speculative decoding by the built-in
+# model, then the demo table of every checkpoint mode. Extra CMake arguments:
+# REPLAYSSM_CMAKE_ARGS="...".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,4 +27,6 @@ fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${REPLAYSSM_CMAKE_ARGS:-}
 cmake --build build -j"$(nproc)"
-./build/bin/replayssm demo
+./build/bin/replayssm generate -p 'def read_lines(path):
+    ' -n 160
+./build/bin/replayssm demo --no-progress
