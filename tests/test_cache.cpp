@@ -289,5 +289,29 @@ TEST(VerifyCommit, NonFlushingVerifyWritesNoCheckpoint) {
   EXPECT_EQ(cache.stats().checkpoint_writes, writes + 1);
 }
 
+// decode = verify(W = 1) + commit(1), also with [B, H, P] views (no token dimension).
+TEST(Decode, EqualsVerifyOfOneAndCommit) {
+  std::mt19937_64 rng(900);
+  const SsmShape s = kSmall;
+  const LayerParams params = random_params(s, rng);
+  ReplayCache cache(s, params, config_for(Mode::separate_fp8, 2));
+  cache.open(0, 4);
+  cache.fork(0, 1, 4);
+  for (int step = 0; step < 40; ++step) {
+    Tokens tk = random_tokens(s, DType::f32, 1, 1, rng);
+    const std::vector<float> y_verify = verify(cache, {0}, tk);
+    commit(cache, {0}, {1});
+    std::vector<int32_t> slots{1};
+    std::vector<float> y(size_t(s.nheads) * s.headdim, NAN);
+    cache.decode(testing::i32_view(slots), host_view(tk.x.data(), DType::f32, {1, 4, 8}),
+                 host_view(tk.B.data(), DType::f32, {1, 2, 16}),
+                 host_view(tk.C.data(), DType::f32, {1, 2, 16}),
+                 host_view(tk.dt.data(), DType::f32, {1, 4}),
+                 host_view(y.data(), DType::f32, {1, 4, 8}));
+    ASSERT_EQ(y, y_verify) << "step " << step;
+  }
+  EXPECT_EQ(cache.export_slot(0), cache.export_slot(1));
+}
+
 }  // namespace
 }  // namespace replayssm

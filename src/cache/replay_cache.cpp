@@ -200,7 +200,11 @@ void ReplayCache::decode(const TensorView& slots, const TensorView& x, const Ten
                          const TensorView& C, const TensorView& dt, const TensorView& y) {
   // Accept [B, H, P] views as [B, 1, H, P].
   auto with_window = [](TensorView v, size_t rank) {
-    if (v.shape.size() == rank - 1 && !v.shape.empty()) v.shape.insert(v.shape.begin() + 1, 1);
+    if (v.shape.size() == rank - 1 && !v.shape.empty()) {
+      std::vector<int64_t> shape{v.shape[0], 1};
+      shape.insert(shape.end(), v.shape.begin() + 1, v.shape.end());
+      v.shape = std::move(shape);
+    }
     return v;
   };
   verify(slots, with_window(x, 4), with_window(B, 4), with_window(C, 4), with_window(dt, 3),
