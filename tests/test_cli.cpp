@@ -59,7 +59,7 @@ class Cli : public ::testing::Test {
 
 TEST_F(Cli, HelpEverywhere) {
   for (const char* cmd : {"", "trace", "trace gen", "trace run", "trace check", "ckpt",
-                          "ckpt inspect", "ckpt convert", "demo", "plan"}) {
+                          "ckpt inspect", "ckpt convert", "demo", "plan", "bench"}) {
     const Result r = run(std::string(cmd) + " --help");
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd << ": " << r.out;
@@ -269,6 +269,27 @@ TEST_F(Cli, PlanCountsBytesAndRequests) {
   EXPECT_EQ(rows["shared-fp8"]["requests"].get<int64_t>(), int64_t(10e9 / per_request));
   EXPECT_EQ(run("plan --model nope").code, 1);
   EXPECT_EQ(run("plan --mode separate-nvfp4 --model falcon-h1-7b").code, 0);
+}
+
+// bench on the CPU: every configuration is timed (positive, finite), the modelled bytes of the
+// standard kernel are exactly its state traffic plus inputs and outputs, and bad options fail.
+TEST_F(Cli, BenchTimesEveryConfiguration) {
+  const Result r =
+      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1,4 --accept-mean 2 "
+          "--repeats 1 --flush-cycles 1 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 12u);  // 2 windows x (2 standard + 4 replay modes)
+  for (const auto& row : j["rows"]) {
+    const double us = row["us_per_step"].get<double>();
+    EXPECT_TRUE(std::isfinite(us) && us > 0) << row.dump();
+  }
+  const auto& std_fp32 = j["rows"][0];
+  ASSERT_EQ(std_fp32["name"], "standard fp32 state");
+  const double state = 4.0 * 16 * 64 * 4, io = 2 * 4 * 16 * 2 + 2 * 2 * 64 * 2 + 4 * 4;
+  EXPECT_EQ(std_fp32["modelled_bytes_per_step"].get<double>(), 2 * (2 * state + io));
+  EXPECT_NE(run("bench --backend cpu --windows 9").code, 0);
+  EXPECT_NE(run("bench --backend cpu --model nope").code, 0);
 }
 
 }  // namespace

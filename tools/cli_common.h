@@ -81,6 +81,7 @@ void register_trace(CLI::App& app);
 void register_ckpt(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_bench(CLI::App& app);  // tools/cmd_bench.cpp
 void register_drift(CLI::App& app);
 void register_generate(CLI::App& app);  // tools/cmd_generate.cpp
 

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   replayssm::cli::register_ckpt(app);
   replayssm::cli::register_demo(app);
   replayssm::cli::register_plan(app);
+  replayssm::cli::register_bench(app);
   replayssm::cli::register_drift(app);
   replayssm::cli::register_generate(app);
   // CLI11 reports a misspelled command as "a subcommand is required"; name it instead.

@@ -1,0 +1,434 @@
+// `replayssm bench`: per layer-step time of the standard-decode baseline and of the replay cache
+// in every requested mode, on the CPU or the GPU, in the manner of llama-bench (a markdown table,
+// or -o json|csv). Docs: docs/cli.md ("bench"); GPU results: bench/results/.
+//
+// Bytes per step are modelled, not measured: the standard kernel reads and writes every state
+// (T = 1) or reads it once and writes T states; a replay step reads the read checkpoint of every
+// non-flushing slot, the recurrence checkpoint of every flushing slot plus all its checkpoint
+// writes, the c committed ring entries it replays, writes the W new entries, and reads the
+// inputs and writes y. The flush points come from replaying the same acceptance sequence through
+// the cursor rules (cache/cursors.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench_timing.h"
+#include "cache/cursors.h"
+#include "cache/layout.h"
+#include "cli_common.h"
+#include "core/act.h"
+#include "io/staging.h"
+#include "replayssm/error.h"
+#include "replayssm/presets.h"
+#include "replayssm/standard_decode.h"
+#if REPLAYSSM_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace replayssm::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model = "nemotron-h-8b";
+  std::string shape;
+  std::vector<int> batches{1, 8, 64};
+  std::vector<std::string> modes{"fp32", "shared-fp8", "separate-fp8", "separate-nvfp4"};
+  std::vector<int> windows{1, 8};
+  double accept_mean = 4.3;
+  int history = 16;
+  int flush_cycles = 4;
+  int repeats = 5;
+  uint64_t seed = 1;
+  std::string backend = "auto";
+  bool check = false;
+  std::string format = "md";
+};
+
+struct Row {
+  std::string name;
+  int batch = 0, window = 0;
+  double us = 0;                    // per step
+  double tokens = 0;                // generated tokens per step, whole batch
+  double bytes = 0;                 // modelled bytes per step
+  double fp32_us = 0, bf16_us = 0;  // the standard kernels of the same batch and T
+};
+
+// After the first token, each draft is accepted with probability q until the first rejection;
+// q solves 1 + q + ... + q^(W-1) = mean.
+double draft_acceptance(double mean, int W) {
+  double lo = 0.0, hi = 1.0;
+  for (int i = 0; i < 60; ++i) {
+    const double q = 0.5 * (lo + hi);
+    double sum = 0.0, term = 1.0;
+    for (int k = 0; k < W; ++k, term *= q) sum += term;
+    (sum < mean ? lo : hi) = q;
+  }
+  return 0.5 * (lo + hi);
+}
+
+// Mamba-2-like layer: A_log = log U[1,16], dt_bias = softplus^-1(log-uniform [1e-3, 1e-1]).
+LayerParams bench_params(const SsmShape& s, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  LayerParams p;
+  for (int h = 0; h < s.nheads; ++h) {
+    p.A_log.push_back(float(std::log(1.0 + 15.0 * u(rng))));
+    const double dt = std::exp(std::log(1e-3) + std::log(100.0) * u(rng));
+    p.dt_bias.push_back(float(std::log(std::expm1(dt))));
+    p.D.push_back(1.0f);
+  }
+  return p;
+}
+
+// A host buffer and its view in the backend's memory (io::Staged copies it for CUDA).
+struct Buffer {
+  std::vector<uint8_t> host;
+  std::unique_ptr<io::Staged> staged;
+  Buffer(BackendKind backend, DType dtype, std::vector<int64_t> shape, std::mt19937_64* rng) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    host.assign(size_t(n) * dtype_size(dtype), 0);
+    if (rng) {
+      std::normal_distribution<float> normal(0.0f, dtype == DType::f32 ? 0.5f : 1.0f);
+      for (int64_t i = 0; i < n; ++i) store_act(host.data(), dtype, i, normal(*rng));
+    }
+    staged = std::make_unique<io::Staged>(backend, host.data(), dtype, std::move(shape));
+  }
+  const TensorView& view() const { return staged->view(); }
+};
+
+// One batch of T tokens: x, B, C in the activation dtype, raw dt (fp32).
+struct Tokens {
+  Buffer x, B, C, dt;
+  Tokens(BackendKind be, const SsmShape& s, DType act, int batch, int T, std::mt19937_64& rng)
+      : x(be, act, {batch, T, s.nheads, s.headdim}, &rng),
+        B(be, act, {batch, T, s.ngroups, s.dstate}, &rng),
+        C(be, act, {batch, T, s.ngroups, s.dstate}, &rng),
+        dt(be, DType::f32, {batch, T, s.nheads}, &rng) {}
+};
+
+struct Context {
+  const BenchArgs& args;
+  SsmShape shape;
+  LayerParams params;
+  BackendKind backend;
+  DType act = DType::bf16;
+  void* stream = nullptr;  // for the standard kernel on CUDA
+  std::mt19937_64 rng;
+};
+
+TensorView with_data(TensorView v, void* data, std::vector<int64_t> shape) {
+  v.data = data;
+  v.shape = std::move(shape);
+  return v;
+}
+
+double io_bytes(const SsmShape& s, DType act, int T) {
+  const double e = double(dtype_size(act));
+  return T * (2.0 * s.nheads * s.headdim * e + 2.0 * s.ngroups * s.dstate * e + 4.0 * s.nheads);
+}
+
+Row bench_standard(Context& cx, int batch, DType sdt, int T) {
+  const SsmShape& s = cx.shape;
+  Buffer state(cx.backend, sdt, {batch, s.nheads, s.headdim, s.dstate}, &cx.rng);
+  std::unique_ptr<Buffer> inter;
+  if (T > 1)
+    inter = std::make_unique<Buffer>(
+        cx.backend, sdt, std::vector<int64_t>{batch, T, s.nheads, s.headdim, s.dstate}, nullptr);
+  std::vector<int32_t> slot_ids(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) slot_ids[b] = b;
+  io::Staged slots(cx.backend, slot_ids.data(), DType::i32, {batch});
+  std::vector<std::unique_ptr<Tokens>> sets;
+  for (int k = 0; k < 2; ++k)
+    sets.push_back(std::make_unique<Tokens>(cx.backend, s, cx.act, batch, T, cx.rng));
+  Buffer y(cx.backend, cx.act, {batch, T, s.nheads, s.headdim}, nullptr);
+  StandardDecodeConfig config;
+  config.state_dtype = sdt;
+  const TensorView* iv = inter ? &inter->view() : nullptr;
+  auto step = [&](int i) {
+    const Tokens& tk = *sets[i % sets.size()];
+#if REPLAYSSM_WITH_CUDA
+    if (cx.backend == BackendKind::cuda) {
+      cuda_standard_decode(s, cx.params, config, state.view(), slots.view(), tk.x.view(),
+                           tk.B.view(), tk.C.view(), tk.dt.view(), y.view(), iv,
+                           static_cast<cudaStream_t>(cx.stream));
+      return;
+    }
+#endif
+    standard_decode(cx.backend, s, cx.params, config, state.view(), slots.view(), tk.x.view(),
+                    tk.B.view(), tk.C.view(), tk.dt.view(), y.view(), iv);
+  };
+  const int steps = cx.backend == BackendKind::cpu ? 4 : 20;
+  Row r;
+  r.name = fmt::format("standard {} state{}", dtype_name(sdt), T > 1 ? " + intermediates" : "");
+  r.batch = batch;
+  r.window = T;
+  r.us = time_steps(cx.backend, cx.stream, steps, cx.args.repeats, step);
+  r.tokens = batch * (T > 1 ? cx.args.accept_mean : 1.0);
+  const double state_bytes = double(s.state_elements()) * dtype_size(sdt);
+  r.bytes = batch * (state_bytes * (T == 1 ? 2 : 1 + T) + io_bytes(s, cx.act, T));
+  return r;
+}
+
+Row bench_replay(Context& cx, int batch, Mode mode, int W) {
+  const SsmShape& s = cx.shape;
+  const int L = cx.args.history;
+  CacheConfig config;
+  config.mode = mode;
+  config.history = L;
+  config.max_window = std::max(1, std::min(8, L / 2));
+  check(W <= config.max_window, "bench: window ", W, " exceeds history/2 = ", L / 2);
+  config.num_slots = batch;
+  config.activation_dtype = cx.act;
+  config.seed = cx.args.seed;
+  ReplayCache cache(s, cx.params, config, cx.backend);
+  std::vector<int32_t> slot_ids(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) {
+    slot_ids[b] = b;
+    cache.open(b, uint64_t(b));
+  }
+  io::Staged slots(cx.backend, slot_ids.data(), DType::i32, {batch});
+  {
+    Tokens prompt(cx.backend, s, cx.act, batch, 4, cx.rng);
+    Buffer y(cx.backend, DType::f32, {batch, 4, s.nheads, s.headdim}, nullptr);
+    cache.prefill(slots.view(), prompt.x.view(), prompt.B.view(), prompt.C.view(), prompt.dt.view(),
+                  y.view());
+  }
+  // Enough steps for flush_cycles flushes of every slot.
+  const double mean = W > 1 ? cx.args.accept_mean : 1.0;
+  const int steps = std::max(8, int(std::ceil(cx.args.flush_cycles * L / mean)));
+  const double q = draft_acceptance(mean, W);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int32_t> accepted(size_t(steps) * batch);
+  double total_accepted = 0;
+  for (int32_t& k : accepted) {
+    k = 1;
+    while (k < W && u(cx.rng) < q) ++k;
+    total_accepted += k;
+  }
+  io::Staged acc(cx.backend, accepted.data(), DType::i32, {int64_t(accepted.size())});
+  std::vector<std::unique_ptr<Tokens>> sets;
+  for (int k = 0; k < 4; ++k)
+    sets.push_back(std::make_unique<Tokens>(cx.backend, s, cx.act, batch, W, cx.rng));
+  Buffer y(cx.backend, cx.act, {batch, W, s.nheads, s.headdim}, nullptr);
+  auto step = [&](int i) {
+    const Tokens& tk = *sets[i % sets.size()];
+    cache.verify(slots.view(), tk.x.view(), tk.B.view(), tk.C.view(), tk.dt.view(), y.view());
+    cache.commit(slots.view(),
+                 with_data(acc.view(), acc.view().as<int32_t>() + size_t(i) * batch, {batch}));
+  };
+  void* stream = nullptr;
+#if REPLAYSSM_WITH_CUDA
+  if (cx.backend == BackendKind::cuda) stream = cuda_backend_stream(cache.impl());
+#endif
+  Row r;
+  r.name = fmt::format("replay {}", mode_name(mode));
+  r.batch = batch;
+  r.window = W;
+  r.us = time_steps(cx.backend, stream, steps, cx.args.repeats, step);
+  r.tokens = total_accepted / steps;
+
+  // Modelled bytes: the acceptance sequence through the cursor rules from an empty ring.
+  const SlotLayout layout = SlotLayout::make(s, config);
+  const double e = double(dtype_size(cx.act));
+  const double entry = s.nheads * s.headdim * e + s.ngroups * s.dstate * e + 4.0 * s.nheads;
+  const double carrier = double(layout.size[SlotLayout::rec] + layout.size[SlotLayout::rec_scale]);
+  double bytes = 0;
+  std::vector<SlotCursors> cur(size_t(batch), fresh_cursors(0));
+  for (int i = 0; i < steps; ++i) {
+    for (int b = 0; b < batch; ++b) {
+      SlotCursors& c = cur[b];
+      bytes += c.committed * entry + W * entry + io_bytes(s, cx.act, W);
+      if (verify_needs_flush(c, W, L)) {
+        bytes += carrier + double(layout.checkpoint_bytes());
+        apply_flush(c, L);
+      } else {
+        bytes += double(layout.read_checkpoint_bytes(mode));
+      }
+      apply_verify(c, W);
+      apply_commit(c, accepted[size_t(i) * batch + b]);
+    }
+  }
+  r.bytes = bytes / steps;
+  return r;
+}
+
+// --check: a few verify + commit steps of a small batch through the benchmarked backend and the
+// CPU reference from the same inputs; no number is reported for a configuration that disagrees.
+void check_against_cpu(Context& cx, Mode mode, int W) {
+  if (cx.backend == BackendKind::cpu) return;  // the CPU backend is the reference
+  const SsmShape& s = cx.shape;
+  CacheConfig config;
+  config.mode = mode;
+  config.history = cx.args.history;
+  config.max_window = std::max(1, std::min(8, cx.args.history / 2));
+  config.num_slots = 2;
+  config.activation_dtype = cx.act;
+  ReplayCache ref(s, cx.params, config, BackendKind::cpu);
+  ReplayCache dut(s, cx.params, config, cx.backend);
+  for (int b = 0; b < 2; ++b) {
+    ref.open(b, uint64_t(b));
+    dut.open(b, uint64_t(b));
+  }
+  std::vector<int32_t> slot_ids{0, 1}, accepted{W, std::max(1, W / 2)};
+  double worst = 0;
+  for (int i = 0; i < 3 * cx.args.history; ++i) {
+    Tokens host(BackendKind::cpu, s, cx.act, 2, W, cx.rng);
+    io::Staged x(cx.backend, host.x.host.data(), cx.act, {2, W, s.nheads, s.headdim});
+    io::Staged B(cx.backend, host.B.host.data(), cx.act, {2, W, s.ngroups, s.dstate});
+    io::Staged C(cx.backend, host.C.host.data(), cx.act, {2, W, s.ngroups, s.dstate});
+    io::Staged dt(cx.backend, host.dt.host.data(), DType::f32, {2, W, s.nheads});
+    std::vector<float> y_ref(size_t(2) * W * s.nheads * s.headdim), y_dut(y_ref.size(), NAN);
+    io::Staged yd(cx.backend, y_dut.data(), DType::f32, {2, W, s.nheads, s.headdim});
+    const TensorView sv = host_view(slot_ids.data(), DType::i32, {2});
+    const TensorView av = host_view(accepted.data(), DType::i32, {2});
+    ref.verify(sv, host.x.view(), host.B.view(), host.C.view(), host.dt.view(),
+               host_view(y_ref.data(), DType::f32, {2, W, s.nheads, s.headdim}));
+    dut.verify(sv, x.view(), B.view(), C.view(), dt.view(), yd.view());
+    ref.commit(sv, av);
+    dut.commit(sv, av);
+    yd.copy_to_host(y_dut.data());
+    double num = 0, den = 0;
+    for (size_t k = 0; k < y_ref.size(); ++k) {
+      num += (double(y_dut[k]) - y_ref[k]) * (double(y_dut[k]) - y_ref[k]);
+      den += double(y_ref[k]) * y_ref[k];
+    }
+    worst = std::max(worst, std::isfinite(num) ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY);
+  }
+  // CPU and CUDA differ by FP32 summation order and codes flipped at rounding boundaries
+  // (docs/cuda.md); a wrong kernel is off by far more.
+  check(worst < 1e-3, "bench --check: ", mode_name(mode), " W=", W, " on ",
+        backend_name(cx.backend), " differs from the CPU reference: y rel L2 ", worst);
+}
+
+void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& rows) {
+  auto speedup = [](double base, double us) { return base > 0 ? base / us : 0.0; };
+  if (a.format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Row& r : rows)
+      out.push_back({{"name", r.name},
+                     {"batch", r.batch},
+                     {"window", r.window},
+                     {"us_per_step", r.us},
+                     {"us_per_token", r.us / r.tokens},
+                     {"tokens_per_step", r.tokens},
+                     {"modelled_bytes_per_step", r.bytes},
+                     {"gb_per_s", r.bytes / r.us * 1e-3},
+                     {"speedup_vs_standard_fp32", speedup(r.fp32_us, r.us)},
+                     {"speedup_vs_standard_bf16", speedup(r.bf16_us, r.us)}});
+    fmt::print(
+        "{}\n",
+        nlohmann::json{
+            {"backend", backend_name(cx.backend)},
+            {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
+            {"history", a.history},
+            {"accept_mean", a.accept_mean},
+            {"rows", out}}
+            .dump(2));
+    return;
+  }
+  if (a.format == "csv") {
+    fmt::print(
+        "name,batch,window,us_per_step,us_per_token,modelled_bytes_per_step,gb_per_s,"
+        "speedup_vs_fp32,speedup_vs_bf16\n");
+    for (const Row& r : rows)
+      fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.3f},{:.3f}\n", r.name, r.batch, r.window,
+                 r.us, r.us / r.tokens, r.bytes, r.bytes / r.us * 1e-3, speedup(r.fp32_us, r.us),
+                 speedup(r.bf16_us, r.us));
+    return;
+  }
+  fmt::print(
+      "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, mean accepted {:.2f} "
+      "at W > 1, median of {} runs\n\n",
+      backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
+      cx.shape.ngroups, a.history, a.accept_mean, a.repeats);
+  fmt::print(
+      "| configuration | batch | W | us/step | us/token | MB/step | GB/s | vs std fp32 | "
+      "vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const Row& r : rows) {
+    auto ratio = [&](double base) {
+      return base > 0 ? fmt::format("{:.2f}x", base / r.us) : std::string("-");
+    };
+    fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | {} | {} |\n", r.name, r.batch,
+               r.window, r.us, r.us / r.tokens, r.bytes / 1e6, r.bytes / r.us * 1e-3,
+               ratio(r.fp32_us), ratio(r.bf16_us));
+  }
+}
+
+void run_bench(const BenchArgs& a) {
+  Context cx{a,
+             a.shape.empty() ? find_preset(a.model).shape : parse_shape(a.shape),
+             {},
+             resolve_backend(a.backend),
+             DType::bf16,
+             nullptr,
+             std::mt19937_64(a.seed)};
+  cx.shape.validate();
+  check(a.accept_mean >= 1.0, "--accept-mean ", a.accept_mean, " must be at least 1");
+  check(a.repeats >= 1 && a.flush_cycles >= 1, "--repeats and --flush-cycles must be positive");
+  cx.params = bench_params(cx.shape, cx.rng);
+  std::vector<Mode> modes;
+  for (const std::string& m : a.modes) modes.push_back(parse_mode(m));
+  for (int W : a.windows)
+    check(W >= 1 && W <= std::min(8, a.history / 2), "--windows: ", W, " outside 1..",
+          std::min(8, a.history / 2));
+  for (int W : a.windows)
+    check(W == 1 || a.accept_mean <= W, "--accept-mean ", a.accept_mean, " exceeds window ", W);
+  if (cx.backend == BackendKind::cuda) cx.stream = new_cuda_stream();
+  if (a.check)
+    for (Mode m : modes)
+      for (int W : a.windows) check_against_cpu(cx, m, W);
+  std::vector<Row> rows;
+  for (int batch : a.batches) {
+    check(batch >= 1, "--batches: ", batch, " must be positive");
+    for (int W : a.windows) {
+      const Row f32 = bench_standard(cx, batch, DType::f32, W);
+      const Row b16 = bench_standard(cx, batch, DType::bf16, W);
+      rows.push_back(f32);
+      rows.push_back(b16);
+      for (Mode m : modes) {
+        Row r = bench_replay(cx, batch, m, W);
+        r.fp32_us = f32.us;
+        r.bf16_us = b16.us;
+        rows.push_back(r);
+      }
+    }
+  }
+  print_rows(a, cx, rows);
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* b = app.add_subcommand(
+      "bench", "per layer-step time of the standard kernel and every replay mode");
+  b->add_option("--model", args->model, "layer shape preset: " + preset_names())
+      ->capture_default_str();
+  b->add_option("--shape", args->shape, "H,P,N,G (instead of --model)");
+  b->add_option("--batches", args->batches, "batch sizes")->delimiter(',')->capture_default_str();
+  b->add_option("--modes", args->modes, "replay checkpoint modes")
+      ->delimiter(',')
+      ->capture_default_str();
+  b->add_option("--windows", args->windows, "verify windows W (1 = autoregressive)")
+      ->delimiter(',')
+      ->capture_default_str();
+  b->add_option("--accept-mean", args->accept_mean, "mean accepted tokens per verify at W > 1")
+      ->capture_default_str();
+  b->add_option("--history", args->history, "ring capacity")->capture_default_str();
+  b->add_option("--flush-cycles", args->flush_cycles, "flushes per slot in a timed run")
+      ->capture_default_str();
+  b->add_option("--repeats", args->repeats, "timed runs (the median is reported)")
+      ->capture_default_str();
+  b->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  add_backend_option(b, &args->backend, "auto");
+  b->add_flag("--check", args->check,
+              "first compare every replay configuration with the CPU reference");
+  b->add_option("-o,--output", args->format, "md (default), json or csv")
+      ->check(CLI::IsMember({"md", "json", "csv"}));
+  b->callback([args] { run_bench(*args); });
+}
+
+}  // namespace replayssm::cli
