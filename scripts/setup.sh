@@ -27,6 +27,7 @@ fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${REPLAYSSM_CMAKE_ARGS:-}
 cmake --build build -j"$(nproc)"
-./build/bin/replayssm generate -p 'def read_lines(path):
-    ' -n 160
+./build/bin/replayssm generate -n 160 -p 'def fibonacci(n):
+    """Return the n-th Fibonacci number."""
+    '
 ./build/bin/replayssm demo --no-progress
