@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/trace.h"
 #include "model/generate.h"
 #include "model/mamba2.h"
 #include "model/synthetic.h"
@@ -134,6 +135,47 @@ TEST(Generate, SpeculativeGreedyEqualsGreedy) {
       EXPECT_LT(st.steps, c.n - 1) << "draft_max " << k;
       EXPECT_EQ(st.generated, c.n);
     }
+  }
+}
+
+// --capture: the recorded trace of one layer (prefill, verify windows, commits with rejected
+// drafts), replayed through a fresh cache by the trace runner in the same mode, ends in the bytes
+// of the model's own cache of that layer, for the fp32 and a stochastically rounded mode.
+TEST(Generate, CapturedLayerTraceReplaysToTheSameCache) {
+  const std::string code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n";
+  for (Mode mode : {Mode::fp32, Mode::separate_fp8}) {
+    RunnerConfig rc;
+    rc.threads = 1;
+    rc.mode = mode;
+    rc.activation_dtype = DType::bf16;
+    Mamba2Model model(builtin_weights(), rc);
+    model.capture_layer(1);
+    // Request id 0 in slot 0: what a trace assumes for its slots, so SR draws the same bits.
+    const int slot = model.open(0);
+    ASSERT_EQ(slot, 0);
+    const std::vector<int32_t> tokens = bytes_of(code);
+    std::vector<float> logits;
+    model.prefill(slot, std::span(tokens).first(20), logits);
+    for (size_t at = 20, step = 0; at + 8 <= tokens.size(); ++step) {
+      model.verify(slot, std::span(tokens).subspan(at, 8), logits);
+      const int accepted = 1 + int(step * 5 % 8);  // a spread of accepted counts
+      model.commit(slot, accepted);
+      at += size_t(accepted);
+    }
+    io::Trace trace = model.captured();
+    ASSERT_GT(trace.ops.size(), 10u);
+    io::TraceOp exported;
+    exported.kind = io::OpKind::export_slot;
+    exported.slots = {0};
+    trace.ops.push_back(exported);
+    // The file round trip is part of what --capture promises.
+    const io::Trace reread = io::parse_trace(io::trace_to_file(trace), "captured trace");
+    const io::StFile out = io::run_trace(reread, io::RunOptions{});
+    const io::StTensor* replayed = nullptr;
+    for (const auto& [name, tensor] : out.tensors)
+      if (name.rfind("export.", 0) == 0) replayed = &tensor;
+    ASSERT_NE(replayed, nullptr);
+    EXPECT_EQ(replayed->data, model.cache(1).export_slot(0)) << mode_name(mode);
   }
 }
 

@@ -45,6 +45,9 @@ struct GenerateArgs {
   // --synthetic PRESET: random weights and a synthetic acceptance process (e2e measurement).
   std::string synthetic;
   int prompt_len = 512;
+  // --capture FILE: one layer's SSM operations and inputs as a trace (docs/trace-format.md).
+  std::string capture;
+  int capture_layer = 0;
   double accept_mean = 4.3;
 };
 
@@ -112,6 +115,7 @@ void run_generate(const GenerateArgs& args) {
   // wake-up, and on a busy machine spinning teams cost 10-20x (measured on the built-in model).
   if (args.threads == 0 && weights->parameter_count() < kSmallModelParams) rc.threads = 1;
   model::Mamba2Model runner(weights, rc);
+  if (!args.capture.empty()) runner.capture_layer(args.capture_layer);
 
   const std::vector<int32_t> prompt = tokenizer->encode(text);
   check(!prompt.empty(), "the prompt encodes to no tokens");
@@ -155,6 +159,11 @@ void run_generate(const GenerateArgs& args) {
              stats.generated, stats.decode_seconds, stats.decode_tokens_per_second(),
              args.draft_max, stats.mean_accepted_length(), 100.0 * stats.acceptance_rate(),
              stats.accepted, stats.drafted, stats.steps, stats.flushes);
+  if (!args.capture.empty()) {
+    io::write_safetensors(args.capture, io::trace_to_file(runner.captured()));
+    fmt::print(stderr, "[generate] layer {} captured: {} operations -> {}\n", args.capture_layer,
+               runner.captured().ops.size(), args.capture);
+  }
 }
 
 }  // namespace
@@ -210,6 +219,11 @@ void register_generate(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--accept-mean", args->accept_mean,
                   "--synthetic: mean tokens committed per verify, 1..draft-max+1")
+      ->capture_default_str();
+  cmd->add_option("--capture", args->capture,
+                  "write one layer's SSM operations and inputs as a trace file (replay it with "
+                  "`trace run`, study it with `drift --trace`)");
+  cmd->add_option("--capture-layer", args->capture_layer, "the layer --capture records")
       ->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }

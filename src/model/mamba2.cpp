@@ -56,6 +56,7 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
     cc.seed = runner_.seed;
     cc.layer = l;
     caches_.emplace_back(c.ssm_shape(), params, cc, runner_.backend);
+    layer_params_.push_back(params);
   }
   conv_.assign(size_t(c.num_layers), std::vector<ConvState>(size_t(runner_.num_slots)));
   pending_.assign(size_t(runner_.num_slots), 0);
@@ -133,6 +134,13 @@ void Mamba2Model::commit(int slot, int accepted) {
   const TensorView slots = host_view(&slot_i, DType::i32, {1});
   const TensorView counts = host_view(&acc, DType::i32, {1});
   for (ReplayCache& cache : caches_) cache.commit(slots, counts);
+  if (capture_layer_ >= 0) {
+    io::TraceOp traced;
+    traced.kind = io::OpKind::commit;
+    traced.slots = {slot};
+    traced.accepted = {accepted};
+    capture_.ops.push_back(std::move(traced));
+  }
   // Conv history: the last K-1 inputs of (committed history ++ first `accepted` window inputs).
   const int64_t K1 = weights_->config.conv_kernel - 1, cd = weights_->config.conv_dim();
   for (auto& layer : conv_) {
@@ -144,6 +152,17 @@ void Mamba2Model::commit(int slot, int accepted) {
     s.pending_count = 0;
   }
   pending_[size_t(slot)] = 0;
+}
+
+void Mamba2Model::capture_layer(int layer) {
+  check(layer >= 0 && layer < int(caches_.size()), "capture: layer ", layer, " is outside 0..",
+        caches_.size() - 1);
+  const ReplayCache& cache = caches_[size_t(layer)];
+  capture_ = io::Trace{};
+  capture_.shape = cache.shape();
+  capture_.cache = cache.config();
+  capture_.params = layer_params_[size_t(layer)];
+  capture_layer_ = layer;
 }
 
 CacheStats Mamba2Model::stats() const {
@@ -266,6 +285,27 @@ void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
     caches_[size_t(layer)].prefill(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
   } else {
     caches_[size_t(layer)].verify(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+  }
+  if (layer == capture_layer_) {
+    // The trace stores fp32 inputs; with bf16 activations they are the bf16-rounded values, which
+    // the trace runner rounds again to the same bits.
+    io::TraceOp traced;
+    traced.kind = op == Op::prefill ? io::OpKind::prefill : io::OpKind::verify;
+    traced.slots = {slot};
+    traced.window = int(T);
+    traced.input = "in" + std::to_string(capture_.ops.size());
+    io::TokenInputs& in = capture_.inputs[traced.input];
+    auto widen = [&](const std::vector<float>& f32, const std::vector<uint16_t>& b16) {
+      if (act != DType::bf16) return f32;
+      std::vector<float> out(b16.size());
+      for (size_t i = 0; i < b16.size(); ++i) out[i] = bf16_to_f32(b16[i]);
+      return out;
+    };
+    in.x = widen(x_, x16_);
+    in.B = widen(B_, B16_);
+    in.C = widen(C_, C16_);
+    in.dt = dt_;
+    capture_.ops.push_back(std::move(traced));
   }
   yv.copy_to_host(y_.data());
 

@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "io/trace.h"
 #include "model/weights.h"
 #include "replayssm/cache.h"
 
@@ -68,6 +69,12 @@ class Mamba2Model {
   // Keeps the first `accepted` tokens of the last verify (1..W) in every layer.
   void commit(int slot, int accepted);
 
+  // Records every cache operation of `layer` (prefill, verify, commit) with its inputs as a trace
+  // (docs/trace-format.md), so the layer's real SSM input stream can be replayed in any mode or
+  // backend (`replayssm trace run`) or studied (`replayssm drift --trace`). Call before decoding.
+  void capture_layer(int layer);
+  const io::Trace& captured() const { return capture_; }
+
   CacheStats stats() const;            // summed over layers
   uint64_t flushes_per_layer() const;  // layer 0's flush count
   ReplayCache& cache(int layer) { return caches_[size_t(layer)]; }
@@ -85,8 +92,11 @@ class Mamba2Model {
   std::shared_ptr<const ModelWeights> weights_;
   RunnerConfig runner_;
   std::vector<ReplayCache> caches_;           // [layers]
+  std::vector<LayerParams> layer_params_;     // [layers]
   std::vector<std::vector<ConvState>> conv_;  // [layers][slots]
   std::vector<int> pending_;                  // [slots] W of the uncommitted verify, or 0
+  int capture_layer_ = -1;
+  io::Trace capture_;
 
   // Workspace, sized for the largest T seen.
   std::vector<float> resid_, h_, proj_, xbc_, seq_, x_, B_, C_, dt_, y_, g_, out_;
