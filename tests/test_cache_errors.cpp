@@ -177,6 +177,9 @@ TEST_F(BadInput, WrongShapesAndDtypes) {
   std::vector<float> fslots{0.f};
   expect_error([&] { cache.flush(host_view(fslots.data(), DType::f32, {1})); },
                "slots must be a 1-D i32 tensor");
+  TensorView device_slots = i32_view(one_slot);
+  device_slots.memory = MemoryKind::cuda;
+  expect_error([&] { cache.flush(device_slots); }, "slots must be in host memory");
 }
 
 TEST_F(BadInput, CorruptOrMismatchedExports) {

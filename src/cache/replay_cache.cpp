@@ -80,6 +80,8 @@ struct ReplayCache::Impl {
   void check_slots(const TensorView& slots, const char* op) const {
     check(slots.dtype == DType::i32 && slots.shape.size() == 1, op,
           ": slots must be a 1-D i32 tensor, got ", slots.describe());
+    check(slots.memory == MemoryKind::host || memory == MemoryKind::cuda, op,
+          ": slots must be in host memory for the cpu backend, got ", slots.describe());
     if (slots.memory != MemoryKind::host) return;
     std::vector<uint8_t> seen(size_t(config.num_slots), 0);
     for (int64_t b = 0; b < slots.shape[0]; ++b) {
