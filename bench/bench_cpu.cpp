@@ -12,6 +12,7 @@
 
 #include "core/act.h"
 #include "replayssm/cache.h"
+#include "replayssm/presets.h"
 #include "replayssm/standard_decode.h"
 
 using namespace replayssm;
@@ -54,12 +55,7 @@ int main(int argc, char** argv) {
     s = SsmShape{std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5])};
   const int steps = argc > 6 ? std::atoi(argv[6]) : 64;
   std::mt19937 rng(1);
-  LayerParams params;
-  for (int h = 0; h < s.nheads; ++h) {
-    params.A_log.push_back(std::log(1.0f + h % 16));
-    params.dt_bias.push_back(-3.0f);
-    params.D.push_back(1.0f);
-  }
+  const LayerParams params = synthetic_layer_params(s, 1);
   std::vector<int32_t> slots(batch);
   for (int b = 0; b < batch; ++b) slots[b] = b;
   const TensorView slot_view = host_view(slots.data(), DType::i32, {batch});

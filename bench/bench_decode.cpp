@@ -22,6 +22,7 @@
 #include "core/act.h"
 #include "cuda/cuda_backend.h"
 #include "replayssm/cache.h"
+#include "replayssm/presets.h"
 #include "replayssm/standard_decode.h"
 
 using namespace replayssm;
@@ -268,14 +269,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
   std::mt19937_64 rng(1);
-  LayerParams params;
-  std::uniform_real_distribution<double> u01(0, 1);
-  for (int h = 0; h < kShape.nheads; ++h) {
-    params.A_log.push_back(float(std::log(1.0 + 15.0 * u01(rng))));
-    const double dt = std::exp(std::log(1e-3) + (std::log(1e-1) - std::log(1e-3)) * u01(rng));
-    params.dt_bias.push_back(float(std::log(std::expm1(dt))));
-    params.D.push_back(float(0.5 + u01(rng)));
-  }
+  const LayerParams params = synthetic_layer_params(kShape, 1);
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const double copy = copy_bandwidth(stream);

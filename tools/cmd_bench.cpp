@@ -69,19 +69,6 @@ double draft_acceptance(double mean, int W) {
   return 0.5 * (lo + hi);
 }
 
-// Mamba-2-like layer: A_log = log U[1,16], dt_bias = softplus^-1(log-uniform [1e-3, 1e-1]).
-LayerParams bench_params(const SsmShape& s, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  LayerParams p;
-  for (int h = 0; h < s.nheads; ++h) {
-    p.A_log.push_back(float(std::log(1.0 + 15.0 * u(rng))));
-    const double dt = std::exp(std::log(1e-3) + std::log(100.0) * u(rng));
-    p.dt_bias.push_back(float(std::log(std::expm1(dt))));
-    p.D.push_back(1.0f);
-  }
-  return p;
-}
-
 // A host buffer and its view in the backend's memory (io::Staged copies it for CUDA).
 struct Buffer {
   std::vector<uint8_t> host;
@@ -368,7 +355,7 @@ void run_bench(const BenchArgs& a) {
   cx.shape.validate();
   check(a.accept_mean >= 1.0, "--accept-mean ", a.accept_mean, " must be at least 1");
   check(a.repeats >= 1 && a.flush_cycles >= 1, "--repeats and --flush-cycles must be positive");
-  cx.params = bench_params(cx.shape, cx.rng);
+  cx.params = synthetic_layer_params(cx.shape, a.seed);
   std::vector<Mode> modes;
   for (const std::string& m : a.modes) modes.push_back(parse_mode(m));
   for (int W : a.windows)

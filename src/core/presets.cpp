@@ -1,5 +1,8 @@
 #include "replayssm/presets.h"
 
+#include <cmath>
+#include <random>
+
 #include "replayssm/error.h"
 
 namespace replayssm {
@@ -35,6 +38,19 @@ const ModelPreset& find_preset(std::string_view name) {
   for (const ModelPreset& p : kPresets)
     if (name == p.name) return p;
   fail("unknown model preset '", name, "' (expected one of: ", preset_names(), ")");
+}
+
+LayerParams synthetic_layer_params(const SsmShape& shape, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  LayerParams p;
+  for (int h = 0; h < shape.nheads; ++h) {
+    p.A_log.push_back(float(std::log(1.0 + 15.0 * u(rng))));
+    const double delta = std::exp(std::log(1e-3) + std::log(100.0) * u(rng));
+    p.dt_bias.push_back(float(std::log(std::expm1(delta))));
+    p.D.push_back(1.0f);
+  }
+  return p;
 }
 
 }  // namespace replayssm
