@@ -150,10 +150,14 @@ class CudaBackend final : public CacheBackend {
     base_.head = cuda::make_head_params(shape, params);
     smem_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, config.history);
     smem_nonflushing_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, 0);
-    check(smem_ <= 200 * 1024, "cuda backend: shape needs too much shared memory");
-    int device = 0;
+    int device = 0, smem_limit = 0;
     RSSM_CUDA_CHECK(cudaGetDevice(&device));
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    RSSM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    check(smem_ <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
+          " and headdim ", shape.headdim, " need ", smem_, " bytes of shared memory per block; ",
+          "this device allows ", smem_limit);
     ensure_readout(config.num_slots);
   }
 
