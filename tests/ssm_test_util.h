@@ -98,6 +98,13 @@ inline Tokens Tokens::slice(const SsmShape& s, int b, int t, int count) const {
   return out;
 }
 
+// delta = softplus(dt + dt_bias) clamped to the layer's limits, in FP64 (SPEC section 2).
+inline double delta64(double dt, const LayerParams& params, int h) {
+  const double u = dt + params.dt_bias[h];
+  const double delta = u > 20.0 ? u : std::log1p(std::exp(u));
+  return std::min(std::max(delta, double(params.dt_min)), double(params.dt_max));
+}
+
 // The per-token recurrence of SPEC section 2 in FP64 for one request.
 struct Fp64Recurrence {
   SsmShape shape;
@@ -114,9 +121,7 @@ struct Fp64Recurrence {
     std::vector<double> y(size_t(H) * P);
     for (int h = 0; h < H; ++h) {
       const int g = h / shape.heads_per_group();
-      const double u = double(tk.dt[token * H + h]) + params.dt_bias[h];
-      double delta = u > 20.0 ? u : std::log1p(std::exp(u));
-      delta = std::min(std::max(delta, double(params.dt_min)), double(params.dt_max));
+      const double delta = delta64(tk.dt[token * H + h], params, h);
       const double a = std::exp(delta * -std::exp(double(params.A_log[h])));
       for (int p = 0; p < P; ++p) {
         const double x = tk.xf[(token * H + h) * P + p];

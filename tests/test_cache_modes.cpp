@@ -33,8 +33,6 @@ std::vector<uint8_t> payload_of(const std::vector<uint8_t>& file) {
   return std::vector<uint8_t>(file.begin() + 16 + header_len, file.end() - 4);
 }
 
-double softplus64(double u) { return u > 20.0 ? u : std::log1p(std::exp(u)); }
-
 // Issue item 6: decode the read checkpoint from the exported bytes with the format decoders,
 // compute y in FP64 from it and the ring, and compare with the cache's readout. The only
 // differences allowed are the cache's FP32 arithmetic and the BF16 rounding of C in the 8/4-bit
@@ -92,7 +90,7 @@ TEST(QuantizedModes, ReadoutMatchesIndependentFp64Implementation) {
                   sec(SlotLayout::ring_B))[(phys * G + g) * N + n]));
           } else {
             const int j = k - c;
-            deltas.push_back(softplus64(double(tk.dt[j * H + h]) + params.dt_bias[h]));
+            deltas.push_back(testing::delta64(tk.dt[j * H + h], params, h));
             for (int p = 0; p < P; ++p) xs.push_back(tk.xf[(j * H + h) * P + p]);
             for (int n = 0; n < N; ++n) Bs.push_back(tk.Bf[(j * G + g) * N + n]);
           }
