@@ -1,25 +1,63 @@
 #!/usr/bin/env bash
-# Build, test and benchmark the CUDA backend on a GPU machine in one go (the device lease is
-# short). Outputs land in $OUT (or ./gpu-out): build log, test log, benchmark table.
-#   scripts/gpu_run.sh [test|bench|all] [extra gtest filter]
+# Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
+# is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
+# later ones, and the exit status is non-zero when any step failed.
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
+# Environment: BENCH_ARGS (extra `replayssm bench` options), PROFILE_ARGS (the profiled bench).
 set -uo pipefail
-what=${1:-all}
-filter=${2:-*}
+steps=("$@")
+[[ ${#steps[@]} -eq 0 ]] && steps=(build test racecheck bench profile)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
-cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
-  >"$out/build.txt" 2>&1 &&
-  cmake --build build -j16 --target test_cuda_backend bench_decode >>"$out/build.txt" 2>&1 ||
-  { tail -50 "$out/build.txt"; exit 1; }
 rc=0
-if [[ $what == test || $what == all ]]; then
-  timeout 300 ./build/tests/test_cuda_backend --gtest_filter="$filter" 2>&1 | tee "$out/test.txt" |
-    grep -E "^\[(cuda-vs-cpu|standard-decode)\]|FAILED|PASSED|Failure|error|Expected|Which is|actual|rel|slot" |
-    uniq -c | tail -80
-  rc=${PIPESTATUS[0]}
+has() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, logs to $out/NAME.txt
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  local s=$?
+  echo "[$name] exit $s after $((SECONDS - t0)) s"
+  ((s != 0)) && rc=1 && tail -25 "$out/$name.txt"
+  return $s
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
+bin=./build/bin/replayssm
+
+if has build; then
+  step configure 120 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_BUILD_TYPE=Release || exit 1
+  step build 400 cmake --build build -j16 || exit 1
 fi
-if [[ $what == bench || $what == all ]]; then
-  timeout 300 ./build/bin/bench_decode --out "$out/bench.md" 2>&1 | tee "$out/bench.txt"
+if has test; then
+  step test 300 ctest --test-dir build -L gpu --output-on-failure -j4
+  grep -hE "^\[(cuda-vs-cpu|standard-decode)\]" build/Testing/Temporary/LastTest.log 2>/dev/null |
+    sort | uniq >"$out/test-agreement.txt"
+fi
+if has racecheck; then
+  # A random mixed sequence (flushing and non-flushing slots) and the graph test, under the
+  # shared-memory race checker and the memory checker.
+  filt='*RandomOperationSequence/separate_fp8*:*GraphCapture*'
+  step racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 3 \
+    ./build/tests/test_cuda_backend --gtest_filter="$filt"
+  step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    ./build/tests/test_cuda_backend --gtest_filter="$filt"
+fi
+if has bench; then
+  step bench 420 $bin bench --backend cuda --check --batches 1,8,64,256 \
+    --modes fp32,bf16,shared-fp8,separate-fp8,separate-nvfp4 --windows 1,8 ${BENCH_ARGS:-}
+  cat "$out/bench.txt"
+fi
+if has profile; then
+  # Per-kernel duration, DRAM throughput, occupancy and registers of one configuration.
+  metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+  metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
+  step profile 300 ncu --clock-control none --metrics "$metrics" --csv -c 120 \
+    $bin bench --backend cuda --repeats 1 --flush-cycles 1 ${PROFILE_ARGS:---modes separate-fp8 --windows 1,8 --batches 64}
+fi
+if has drift; then
+  step drift 500 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
 fi
 exit $rc
