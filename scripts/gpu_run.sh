@@ -32,17 +32,19 @@ if has build; then
 fi
 if has test; then
   step test 300 ctest --test-dir build -L gpu --output-on-failure -j4
+  grep -E "tests passed|tests failed|\*\*\*Failed|Failed  " "$out/test.txt" | head -20
   grep -hE "^\[(cuda-vs-cpu|standard-decode)\]" build/Testing/Temporary/LastTest.log 2>/dev/null |
     sort | uniq >"$out/test-agreement.txt"
 fi
 if has racecheck; then
-  # A random mixed sequence (flushing and non-flushing slots) and the graph test, under the
-  # shared-memory race checker and the memory checker.
-  filt='*RandomOperationSequence/separate_fp8*:*GraphCapture*'
-  step racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 3 \
-    ./build/tests/test_cuda_backend --gtest_filter="$filt"
-  step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    ./build/tests/test_cuda_backend --gtest_filter="$filt"
+  # A random mixed sequence (flushing and non-flushing slots) and the graph test under the
+  # shared-memory race checker, the memory checker and the initialisation checker.
+  filt='*RandomOperationSequence/separate_fp8_bf16:*RandomOperationSequence/separate_nvfp4*:*GraphCapture*'
+  for tool in racecheck memcheck initcheck; do
+    step $tool 200 compute-sanitizer --tool $tool --error-exitcode 3 \
+      ./build/tests/test_cuda_backend --gtest_filter="$filt"
+    grep -E "SUMMARY|FAILED  \]|PASSED" "$out/$tool.txt" | head -8
+  done
 fi
 if has bench; then
   step bench 420 $bin bench --backend cuda --check --batches 1,8,64,256 \
@@ -50,12 +52,17 @@ if has bench; then
   cat "$out/bench.txt"
 fi
 if has profile; then
-  # Per-kernel duration, DRAM throughput, occupancy and registers of one configuration.
+  # Per-kernel duration, DRAM throughput, occupancy and registers of the replay kernels, one
+  # configuration per window (PROFILE_ARGS: the bench options).
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
-  step profile 300 ncu --clock-control none --metrics "$metrics" --csv -c 120 \
-    $bin bench --backend cuda --repeats 1 --flush-cycles 1 ${PROFILE_ARGS:---modes separate-fp8 --windows 1,8 --batches 64}
+  for w in 1 8; do
+    step profile-w$w 200 ncu --clock-control none --metrics "$metrics" --csv \
+      -k regex:'verify|flush|validate|finalize|commit' -c 60 \
+      $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows $w \
+      ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
+  done
 fi
 if has drift; then
   step drift 500 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"

@@ -148,17 +148,18 @@ class CudaBackend final : public CacheBackend {
     base_.sr_bits = config.sr_bits;
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);
-    smem_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, config.history);
-    smem_nonflushing_ = cuda::StepSmem::bytes(config.history, N, shape.headdim, 0);
+    smem_fold_ = cuda::FoldSmem::bytes(config.history, N, shape.headdim);
+    smem_verify_ = cuda::StepSmem::bytes(config.history, N, shape.headdim);
     int device = 0, smem_limit = 0;
     RSSM_CUDA_CHECK(cudaGetDevice(&device));
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    check(smem_ <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
-          " and headdim ", shape.headdim, " need ", smem_, " bytes of shared memory per block; ",
+    const size_t smem = std::max(smem_fold_, smem_verify_);
+    check(smem <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
+          " and headdim ", shape.headdim, " need ", smem, " bytes of shared memory per block; ",
           "this device allows ", smem_limit);
-    ensure_readout(config.num_slots);
+    ensure_flush_list(config.num_slots);
   }
 
   ~CudaBackend() override {
@@ -220,8 +221,9 @@ class CudaBackend final : public CacheBackend {
     dispatch(config_.mode, act, [&]<Mode kMode, typename ActT>() {
       cuda::validate_tokens_kernel<ActT>
           <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
-      allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_);
-      cuda::prefill_kernel<kMode, ActT><<<p.batch * p.H, cuda::kStepThreads, smem_, stream_>>>(p);
+      allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_fold_);
+      cuda::prefill_kernel<kMode, ActT>
+          <<<p.batch * p.H, cuda::kStepThreads, smem_fold_, stream_>>>(p);
     });
     cuda::prefill_finalize_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -232,10 +234,13 @@ class CudaBackend final : public CacheBackend {
           batch.tokens, " outside 1..max_window (", config_.max_window, ")");
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
+    p.list_flushes = true;
+    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
       cuda::validate_tokens_kernel<ActT>
           <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
-      launch_step<kMode, ActT>(p);
+      launch_flush<kMode, ActT>(p);
+      launch_verify<kMode, ActT>(p);
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -253,16 +258,17 @@ class CudaBackend final : public CacheBackend {
   void flush(const int32_t* slots, int batch) override {
     if (batch == 0) return;
     ensure_status(batch);
-    ensure_readout(batch);
+    ensure_flush_list(batch);
     ReplayParams p = base_;
     p.slots = device_ints(slots, batch, staged_slots_);
     p.batch = batch;
     p.tokens = 0;
     p.force_flush = true;
     p.status = status_.get();
+    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
     cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      launch_step<kMode, ActT>(p);
+      launch_flush<kMode, ActT>(p);
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -346,16 +352,13 @@ class CudaBackend final : public CacheBackend {
     status_capacity_ = batch;
   }
 
-  // Scratch of readout_kernel for `batch` entries. Sized for num_slots at construction, so a
+  // The list of flushing entries for `batch` entries. Sized for num_slots at construction, so a
   // captured step of at most num_slots entries never reallocates.
-  void ensure_readout(int batch) {
-    if (batch <= readout_capacity_) return;
-    if (readout_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    readout_.reset(
-        device_alloc<float>(size_t(batch) * config_.max_window * shape_.nheads * shape_.headdim));
+  void ensure_flush_list(int batch) {
+    if (batch <= flush_list_capacity_) return;
+    if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
     flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));
-    readout_capacity_ = batch;
-    base_.readout = readout_.get();
+    flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.flush_list = flush_list_.get() + 1;
   }
@@ -388,7 +391,7 @@ class CudaBackend final : public CacheBackend {
           "cuda backend: y dtype ", dtype_name(batch.y_dtype), " must be f32 or the activation",
           " dtype");
     ensure_status(batch.batch);
-    ensure_readout(batch.batch);
+    ensure_flush_list(batch.batch);
     ReplayParams p = base_;
     p.slots = device_ints(batch.slots, batch.batch, staged_slots_);
     p.batch = batch.batch;
@@ -403,28 +406,43 @@ class CudaBackend final : public CacheBackend {
     return p;
   }
 
-  // The non-flushing and the flushing slots of a step, in that order (see replay_step_kernel).
-  // A verify first streams the checkpoint readout of the non-flushing slots (readout_kernel);
-  // the flushing slots are listed on the device and served by a grid of a few blocks per SM.
+  // The flushing entries listed by the validate kernel: a fixed grid (as many blocks as fit on
+  // the device at once) strides over the (entry, head) items, so the launch does not depend on
+  // how many entries flush.
   template <Mode kMode, typename ActT>
-  void launch_step(const ReplayParams& p) {
-    allow_smem(cuda::replay_step_kernel<kMode, ActT>, smem_nonflushing_);
-    allow_smem(cuda::replay_flush_kernel<kMode, ActT>, smem_);
-    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
-    cuda::collect_flushing_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
-    if (p.tokens > 0)
-      cuda::readout_kernel<kMode, ActT><<<p.batch * p.H, cuda::kReadoutThreads, 0, stream_>>>(p);
-    cuda::replay_step_kernel<kMode, ActT>
-        <<<p.batch * p.H, cuda::kNonFlushingThreads, smem_nonflushing_, stream_>>>(p);
-    cuda::replay_flush_kernel<kMode, ActT>
-        <<<std::min(p.batch * p.H, 2 * sm_count_), cuda::kStepThreads, smem_, stream_>>>(p);
+  void launch_flush(const ReplayParams& p) {
+    auto kernel = cuda::flush_kernel<kMode, ActT>;
+    allow_smem(kernel, smem_fold_);
+    if (flush_grid_ == 0) {
+      int per_sm = 0;
+      RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, kernel, cuda::kFlushThreads, smem_fold_));
+      flush_grid_ = std::max(1, per_sm) * sm_count_;
+    }
+    kernel<<<std::min(p.batch * p.H, flush_grid_), cuda::kFlushThreads, smem_fold_, stream_>>>(p);
+  }
+
+  // Every entry of the batch, one block per (entry, head), specialised for the window rounded up
+  // to 1, 4 or 8 (the readout keeps C_j of every j in registers).
+  template <Mode kMode, typename ActT>
+  void launch_verify(const ReplayParams& p) {
+    auto run = [&](auto kernel) {
+      allow_smem(kernel, smem_verify_);
+      kernel<<<p.batch * p.H, cuda::kVerifyThreads, smem_verify_, stream_>>>(p);
+    };
+    if (p.tokens == 1)
+      run(cuda::verify_kernel<kMode, ActT, 1>);
+    else if (p.tokens <= 4)
+      run(cuda::verify_kernel<kMode, ActT, 4>);
+    else
+      run(cuda::verify_kernel<kMode, ActT, 8>);
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {
     dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      allow_smem(cuda::dense_kernel<kMode, ActT>, smem_);
+      allow_smem(cuda::dense_kernel<kMode, ActT>, smem_fold_);
       cuda::dense_kernel<kMode, ActT>
-          <<<shape_.nheads, cuda::kStepThreads, smem_, stream_>>>(p, slot, encode);
+          <<<shape_.nheads, cuda::kStepThreads, smem_fold_, stream_>>>(p, slot, encode);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
@@ -443,12 +461,12 @@ class CudaBackend final : public CacheBackend {
   Staging staged_slots_, staged_accepted_;
   uint64_t writes_by_import_ = 0;
   ReplayParams base_;
-  size_t smem_ = 0;                // kernels that fold (flushing step, prefill, dense)
-  size_t smem_nonflushing_ = 0;    // the non-flushing step
-  DevicePtr<float> readout_;       // [batch, max_window, H, P]
+  size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
+  size_t smem_verify_ = 0;         // verify_kernel
   DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
+  int flush_list_capacity_ = 0;
   int sm_count_ = 1;
-  int readout_capacity_ = 0;
+  int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once
 };
 
 }  // namespace

@@ -163,61 +163,22 @@ __device__ __forceinline__ float row_amax(float m, int lanes) {
   return m;
 }
 
-// Reduces four per-lane values over the `lanes` (>= 4, a power of two) lanes of a row by
-// recursive halving: returns the full sum of value index lane_in_row / (lanes / 4).
-__device__ __forceinline__ float row_sum4(float (&v)[4], int lane_in_row, int lanes) {
+// Reduces K per-lane values (K = 1, 2, 4 or 8) over the `lanes` (>= K, a power of two) lanes of
+// a row by recursive halving: each exchange sends half of the remaining values to the partner
+// lane, so the K sums take lanes - 1 shuffles instead of K log2(lanes). Returns the full sum of
+// value index lane_in_row / (lanes / K).
+template <int K>
+__device__ __forceinline__ float row_sum_values(float (&v)[K], int lane_in_row, int lanes) {
   int o = lanes >> 1;
-  {
+#pragma unroll
+  for (int half = K / 2; half >= 1; half /= 2) {
     const bool upper = (lane_in_row & o) != 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float send = upper ? v[i] : v[i + 2];
-      const float keep = upper ? v[i + 2] : v[i];
+    for (int i = 0; i < half; ++i) {
+      const float send = upper ? v[i] : v[i + half];
+      const float keep = upper ? v[i + half] : v[i];
       v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
-    o >>= 1;
-  }
-  {
-    const bool upper = (lane_in_row & o) != 0;
-    const float send = upper ? v[0] : v[1];
-    const float keep = upper ? v[1] : v[0];
-    v[0] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    o >>= 1;
-  }
-  float s = v[0];
-  for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
-
-// Reduces eight per-lane values over the `lanes` (8, 16 or 32) lanes of a row by recursive
-// halving: returns the full sum of value index lane_in_row / (lanes / 8).
-__device__ __forceinline__ float row_sum8(float (&v)[8], int lane_in_row, int lanes) {
-  int o = lanes >> 1;
-  {
-    const bool upper = (lane_in_row & o) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float send = upper ? v[i] : v[i + 4];
-      const float keep = upper ? v[i + 4] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-    o >>= 1;
-  }
-  {
-    const bool upper = (lane_in_row & o) != 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float send = upper ? v[i] : v[i + 2];
-      const float keep = upper ? v[i + 2] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-    o >>= 1;
-  }
-  {
-    const bool upper = (lane_in_row & o) != 0;
-    const float send = upper ? v[0] : v[1];
-    const float keep = upper ? v[1] : v[0];
-    v[0] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     o >>= 1;
   }
   float s = v[0];

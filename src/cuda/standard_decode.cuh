@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
   const int g = h / (p.nheads / p.ngroups);
   const int lanes = p.lanes_per_row;
   const int lane_in_row = threadIdx.x % lanes;
-  static_assert(kRows == 4, "row_sum4 reduces four rows");
+  static_assert(kRows == 4, "one reduced row per lane group of four");
   const int rows_per_pass = blockDim.x / lanes;
   const int n0 = lane_in_row * 8;
   const int P = p.headdim, N = p.dstate, H = p.nheads, G = p.ngroups, T = p.tokens;
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
     }
     // Row sums of the kRows accumulators by recursive halving: lane group r / (lanes / kRows)
     // ends with row r's total.
-    const float total = row_sum4(acc, lane_in_row, lanes);
+    const float total = row_sum_values<kRows>(acc, lane_in_row, lanes);
     const int mine = lane_in_row / (lanes / kRows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
