@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -68,6 +70,56 @@ double time_steps(BackendKind backend, void* stream, int steps, int repeats,
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return median(us_per_step);
+#else
+  (void)stream;
+  fail("bench: this build has no CUDA support");
+#endif
+}
+
+double copy_bandwidth_gbs(BackendKind backend, void* stream, int repeats) {
+  std::vector<double> gbs;
+  if (backend == BackendKind::cpu) {
+    const size_t bytes = size_t(256) << 20;
+    std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);  // touched: no page faults in the timing
+    const int64_t chunks = 64, chunk = int64_t(bytes / chunks);
+    auto copy = [&] {
+#pragma omp parallel for schedule(static)
+      for (int64_t c = 0; c < chunks; ++c)
+        std::memcpy(dst.data() + c * chunk, src.data() + c * chunk, size_t(chunk));
+    };
+    copy();  // warm-up
+    for (int r = 0; r < repeats; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      copy();
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      gbs.push_back(2.0 * double(bytes) / dt.count() * 1e-9);
+    }
+    return median(gbs);
+  }
+#if REPLAYSSM_WITH_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+  const size_t bytes = size_t(512) << 20;
+  void *src = nullptr, *dst = nullptr;
+  cuda_check(cudaMalloc(&src, bytes), "allocate copy source");
+  cuda_check(cudaMalloc(&dst, bytes), "allocate copy destination");
+  cuda_check(cudaMemsetAsync(src, 1, bytes, s), "fill copy source");
+  cudaEvent_t start, stop;
+  cuda_check(cudaEventCreate(&start), "event");
+  cuda_check(cudaEventCreate(&stop), "event");
+  for (int r = -1; r < repeats; ++r) {  // r = -1: warm-up
+    cuda_check(cudaEventRecord(start, s), "record");
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+    cuda_check(cudaEventRecord(stop, s), "record");
+    cuda_check(cudaEventSynchronize(stop), "synchronize");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop), "elapsed time");
+    if (r >= 0) gbs.push_back(2.0 * double(bytes) / (ms * 1e-3) * 1e-9);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
+  return median(gbs);
 #else
   (void)stream;
   fail("bench: this build has no CUDA support");

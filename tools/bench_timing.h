@@ -14,6 +14,11 @@ namespace replayssm::cli {
 double time_steps(BackendKind backend, void* stream, int steps, int repeats,
                   const std::function<void(int step)>& step);
 
+// The ceiling the kernels are held to: bytes read plus bytes written per second (GB/s) of a large
+// copy in the backend's memory (a device-to-device cudaMemcpyAsync of 2 x 512 MiB on CUDA, timed
+// with events; an OpenMP-parallel memcpy of 2 x 256 MiB on the CPU), median of `repeats`.
+double copy_bandwidth_gbs(BackendKind backend, void* stream, int repeats);
+
 // A fresh non-blocking CUDA stream (cuda builds only), for work outside a cache's own stream.
 void* new_cuda_stream();
 

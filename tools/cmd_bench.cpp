@@ -104,6 +104,7 @@ struct Context {
   DType act = DType::bf16;
   void* stream = nullptr;  // for the standard kernel on CUDA
   std::mt19937_64 rng;
+  double copy_gbs = 0;  // measured copy bandwidth, the ceiling
 };
 
 TensorView with_data(TensorView v, void* data, std::vector<int64_t> shape) {
@@ -303,6 +304,7 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                      {"tokens_per_step", r.tokens},
                      {"modelled_bytes_per_step", r.bytes},
                      {"gb_per_s", r.bytes / r.us * 1e-3},
+                     {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
                      {"speedup_vs_standard_fp32", speedup(r.fp32_us, r.us)},
                      {"speedup_vs_standard_bf16", speedup(r.bf16_us, r.us)}});
     fmt::print(
@@ -312,6 +314,7 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
             {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
             {"history", a.history},
             {"accept_mean", a.accept_mean},
+            {"copy_gb_per_s", cx.copy_gbs},
             {"rows", out}}
             .dump(2));
     return;
@@ -319,28 +322,31 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
   if (a.format == "csv") {
     fmt::print(
         "name,batch,window,us_per_step,us_per_token,modelled_bytes_per_step,gb_per_s,"
-        "speedup_vs_fp32,speedup_vs_bf16\n");
+        "fraction_of_copy_bandwidth,speedup_vs_fp32,speedup_vs_bf16\n");
     for (const Row& r : rows)
-      fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.3f},{:.3f}\n", r.name, r.batch, r.window,
-                 r.us, r.us / r.tokens, r.bytes, r.bytes / r.us * 1e-3, speedup(r.fp32_us, r.us),
+      fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.4f},{:.3f},{:.3f}\n", r.name, r.batch,
+                 r.window, r.us, r.us / r.tokens, r.bytes, r.bytes / r.us * 1e-3,
+                 r.bytes / r.us * 1e-3 / cx.copy_gbs, speedup(r.fp32_us, r.us),
                  speedup(r.bf16_us, r.us));
     return;
   }
   fmt::print(
       "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, mean accepted {:.2f} "
-      "at W > 1, median of {} runs\n\n",
+      "at W > 1, median of {} runs; copy bandwidth {:.0f} GB/s (read + write)\n\n",
       backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
-      cx.shape.ngroups, a.history, a.accept_mean, a.repeats);
+      cx.shape.ngroups, a.history, a.accept_mean, a.repeats, cx.copy_gbs);
   fmt::print(
-      "| configuration | batch | W | us/step | us/token | MB/step | GB/s | vs std fp32 | "
-      "vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std fp32 "
+      "| "
+      "vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Row& r : rows) {
     auto ratio = [&](double base) {
       return base > 0 ? fmt::format("{:.2f}x", base / r.us) : std::string("-");
     };
-    fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | {} | {} |\n", r.name, r.batch,
-               r.window, r.us, r.us / r.tokens, r.bytes / 1e6, r.bytes / r.us * 1e-3,
-               ratio(r.fp32_us), ratio(r.bf16_us));
+    const double gbs = r.bytes / r.us * 1e-3;
+    fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | {:.0f}% | {} | {} |\n", r.name,
+               r.batch, r.window, r.us, r.us / r.tokens, r.bytes / 1e6, gbs,
+               100.0 * gbs / cx.copy_gbs, ratio(r.fp32_us), ratio(r.bf16_us));
   }
 }
 
@@ -364,6 +370,7 @@ void run_bench(const BenchArgs& a) {
   for (int W : a.windows)
     check(W == 1 || a.accept_mean <= W, "--accept-mean ", a.accept_mean, " exceeds window ", W);
   if (cx.backend == BackendKind::cuda) cx.stream = new_cuda_stream();
+  cx.copy_gbs = copy_bandwidth_gbs(cx.backend, cx.stream, std::max(a.repeats, 5));
   if (a.check)
     for (Mode m : modes)
       for (int W : a.windows) check_against_cpu(cx, m, W);

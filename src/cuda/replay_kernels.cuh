@@ -20,10 +20,10 @@
 
 namespace replayssm::cuda {
 
-inline constexpr int kMaxWindow = 8;    // W <= 8 (one value per lane group of row_sum8)
-inline constexpr int kMaxHistory = 32;  // L <= 32
+inline constexpr int kMaxWindow = 8;      // W <= 8 (one value per lane group of row_sum8)
+inline constexpr int kMaxHistory = 32;    // L <= 32
 inline constexpr int kStepThreads = 256;  // prefill and state kernels
-inline constexpr int kStepRows = 4;  // rows per thread and pass
+inline constexpr int kStepRows = 4;       // rows per thread and pass
 
 // The 8- and 4-bit read checkpoints use the BF16 readout rule (SPEC 5).
 constexpr bool bf16_readout(Mode mode) {
@@ -80,13 +80,14 @@ struct ReplayParams {
   DType y_dtype;
   bool force_flush;   // explicit flush: fold whatever is committed
   bool list_flushes;  // verify: validate_tokens lists the entries that flush
-  bool act_f16;      // 16-bit activations are fp16 (else bf16)
+  bool act_f16;       // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
   int lanes_per_row;  // N / 8
   U32x2 key;
   int sr_bits, philox_rounds;
   HeadParams head;
-  int32_t* flush_list;   // [B] batch entries that flush in this step (listed by the validate kernels)
+  int32_t*
+      flush_list;  // [B] batch entries that flush in this step (listed by the validate kernels)
   int32_t* flush_count;  // zeroed before the validate kernel
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
@@ -222,9 +223,7 @@ struct FoldSmem {
   float* w;    // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
   float* d0;   // [1]  exp(A L_{m-1})
 
-  static size_t bytes(int L, int N, int P) {
-    return sizeof(float) * (size_t(L) * (N + P + 2) + 4);
-  }
+  static size_t bytes(int L, int N, int P) { return sizeof(float) * (size_t(L) * (N + P + 2) + 4); }
   __device__ static FoldSmem carve(float* base, int L, int N, int P) {
     FoldSmem f;
     f.B = base;
@@ -301,11 +300,10 @@ template <typename ActT>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
                                            const FoldSmem& f) {
-  const StageSegment<ActT> seg[2] = {
-      {f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N, int64_t(p.G) * p.N, count,
-       p.N, true, nullptr},
-      {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P, int64_t(p.H) * p.P, count,
-       p.P, true, nullptr}};
+  const StageSegment<ActT> seg[2] = {{f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
+                                      int64_t(p.G) * p.N, count, p.N, true, nullptr},
+                                     {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
+                                      int64_t(p.H) * p.P, count, p.P, true, nullptr}};
   stage_segments<ActT, false>(seg, cur, p.L, p.act_f16);
   for (int k = threadIdx.x; k < count; k += blockDim.x)
     f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
@@ -320,8 +318,8 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
 }
 
 // The fold of stage_fold for one 8-element chunk of row prow.
-__device__ __forceinline__ void fold8(float (&s)[8], const FoldSmem& f, int count, int prow,
-                                      int n0, int N, int P) {
+__device__ __forceinline__ void fold8(float (&s)[8], const FoldSmem& f, int count, int prow, int n0,
+                                      int N, int P) {
   const float d0 = *f.d0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] *= d0;
@@ -358,7 +356,9 @@ struct RowMap {
         n0(8 * lane_in_row),
         rows_per_pass(blockDim.x / lanes_per_row),
         rows_per_group(rows_per_pass * rows) {}
-  __device__ int row(int base, int r) const { return base + r * rows_per_pass + threadIdx.x / lanes; }
+  __device__ int row(int base, int r) const {
+    return base + r * rows_per_pass + threadIdx.x / lanes;
+  }
 };
 
 // Issues the loads of one row group of head h (recurrence or read checkpoint). Rows past P load
@@ -432,7 +432,8 @@ __global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayPar
   const int items = *p.flush_count * p.H;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int b = p.flush_list[item / p.H];
-    if (slot_ok(p, b)) flush_head<kMode, ActT>(p, b, item % p.H, reinterpret_cast<float*>(smem_raw));
+    if (slot_ok(p, b))
+      flush_head<kMode, ActT>(p, b, item % p.H, reinterpret_cast<float*>(smem_raw));
     __syncthreads();
   }
 }
@@ -459,7 +460,8 @@ constexpr int verify_rows() {
 constexpr int verify_min_blocks(int kW) { return kW == 1 ? 6 : kW == 4 ? 4 : 3; }
 
 template <Mode kMode, typename ActT, int kW>
-__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW)) verify_kernel(const ReplayParams p) {
+__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
+    verify_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   constexpr int R = verify_rows<kMode, kW>();
   const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
@@ -488,8 +490,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW)) verify_
          int64_t(G) * N, W, N, false, nullptr},
         {sm.hist_x + c * P, static_cast<const ActT*>(p.x) + (int64_t(b) * W * H + h) * P,
          int64_t(H) * P, W, P, false, nullptr},
-        {sm.C, static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N, int64_t(G) * N, W,
-         N, false, sm.Cr}};
+        {sm.C, static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N, int64_t(G) * N, W, N,
+         false, sm.Cr}};
     stage_segments<ActT, bf16_readout(kMode)>(seg, after, L, p.act_f16);
   }
   for (int k = threadIdx.x; k < c; k += blockDim.x)
@@ -504,7 +506,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW)) verify_
   for (int idx = threadIdx.x; idx < W * P; idx += blockDim.x) {
     const int j = idx / P, i = idx - j * P;
     const float v = sm.hist_x[(c + j) * P + i];
-    ActT* dst = static_cast<ActT*>(sec.ring_x) + (int64_t(ring_index(after, c + j, L)) * H + h) * P + i;
+    ActT* dst =
+        static_cast<ActT*>(sec.ring_x) + (int64_t(ring_index(after, c + j, L)) * H + h) * P + i;
     if constexpr (sizeof(ActT) == 4)
       *dst = v;
     else
@@ -527,7 +530,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW)) verify_
         for (int n = lane; n < N; n += 32) dot += sm.hist_B[k * N + n] * sm.C[j * N + n];
       dot = row_sum(dot, 32);
       if (lane == 0)
-        sm.w[j * L + k] = k <= i ? sm.hist_delta[k] * decay(A * (sm.hist_L[i] - sm.hist_L[k])) * dot : 0.f;
+        sm.w[j * L + k] =
+            k <= i ? sm.hist_delta[k] * decay(A * (sm.hist_L[i] - sm.hist_L[k])) * dot : 0.f;
     }
     for (int j = threadIdx.x; j < W; j += blockDim.x) sm.dec[j] = decay(A * sm.hist_L[c + j]);
   }
