@@ -149,7 +149,11 @@ class CudaBackend final : public CacheBackend {
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);
     smem_fold_ = cuda::FoldSmem::bytes(config.history, N, shape.headdim);
-    smem_verify_ = cuda::StepSmem::bytes(config.history, N, shape.headdim);
+    smem_verify_ = cuda::StepSmem::bytes(config.history, N);
+    // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
+    entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
+    check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,
+          " is not supported (at most ", 2 * (N / 8), ")");
     int device = 0, smem_limit = 0;
     RSSM_CUDA_CHECK(cudaGetDevice(&device));
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
@@ -422,20 +426,35 @@ class CudaBackend final : public CacheBackend {
     kernel<<<std::min(p.batch * p.H, flush_grid_), cuda::kFlushThreads, smem_fold_, stream_>>>(p);
   }
 
-  // Every entry of the batch, one block per (entry, head), specialised for the window rounded up
-  // to 1, 4 or 8 (the readout keeps C_j of every j in registers).
+  // Every entry of the batch, one block per (entry, group, chunk of heads), specialised for the
+  // window rounded up to 1, 4 or 8 (the readout keeps C_j of every j in registers) and for the
+  // ring entries per lane. A block serves as many heads of its group as keeps >= 4 blocks per SM.
   template <Mode kMode, typename ActT>
-  void launch_verify(const ReplayParams& p) {
+  void launch_verify(ReplayParams p) {
+    const int per_group = shape_.nheads / shape_.ngroups;
+    p.heads_per_block = 1;
+    for (int d = per_group; d > 1; --d)
+      if (per_group % d == 0 && int64_t(p.batch) * shape_.nheads / d >= 4 * sm_count_) {
+        p.heads_per_block = d;
+        break;
+      }
+    const int blocks = p.batch * shape_.nheads / p.heads_per_block;
     auto run = [&](auto kernel) {
       allow_smem(kernel, smem_verify_);
-      kernel<<<p.batch * p.H, cuda::kVerifyThreads, smem_verify_, stream_>>>(p);
+      kernel<<<blocks, cuda::kVerifyThreads, smem_verify_, stream_>>>(p);
     };
-    if (p.tokens == 1)
-      run(cuda::verify_kernel<kMode, ActT, 1>);
-    else if (p.tokens <= 4)
-      run(cuda::verify_kernel<kMode, ActT, 4>);
+    auto with_window = [&]<int kEntries>() {
+      if (p.tokens == 1)
+        run(cuda::verify_kernel<kMode, ActT, 1, kEntries>);
+      else if (p.tokens <= 4)
+        run(cuda::verify_kernel<kMode, ActT, 4, kEntries>);
+      else
+        run(cuda::verify_kernel<kMode, ActT, 8, kEntries>);
+    };
+    if (entries_per_lane_ == 1)
+      with_window.template operator()<1>();
     else
-      run(cuda::verify_kernel<kMode, ActT, 8>);
+      with_window.template operator()<2>();
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {
@@ -466,7 +485,8 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
-  int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once
+  int flush_grid_ = 0;        // blocks of flush_kernel resident on the device at once
+  int entries_per_lane_ = 1;  // ring entries per lane of a row in verify_kernel
 };
 
 }  // namespace

@@ -89,6 +89,7 @@ struct ReplayParams {
   int32_t*
       flush_list;  // [B] batch entries that flush in this step (listed by the validate kernels)
   int32_t* flush_count;  // zeroed before the validate kernel
+  int heads_per_block;   // verify_kernel: heads of one group per block
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
   int at;
@@ -187,30 +188,22 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
   if (st == 0 && p.cursors[slot].committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = b;
 }
 
-// Shared memory of verify_kernel, carved from one dynamic buffer.
+// Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer.
 struct StepSmem {
-  float* hist_B;      // [L, N]   entries the readout sees (committed, then the window)
-  float* hist_x;      // [L, P]
-  float* hist_delta;  // [L]
-  float* hist_L;      // [L]      running sums
-  float* C;           // [kMaxWindow, N]
-  float* Cr;          // [kMaxWindow, N]  C rounded to bf16 in the 8/4-bit read modes (else == C)
-  float* w;           // [kMaxWindow, L]  delta_k exp(A (L_i - L_k)) (B_k . C_j)
-  float* dec;         // [kMaxWindow]     exp(A L_i)
+  float* B;    // [L, N]               entries the readout sees: committed, then the window
+  float* C;    // [kMaxWindow, N]
+  float* Cr;   // [kMaxWindow, N]      C rounded to bf16 in the 8/4-bit read modes (else == C)
+  float* dot;  // [kMaxWindow, L]      B_k . C_j (k <= c + j, else 0)
 
-  static size_t bytes(int L, int N, int P) {
-    return sizeof(float) * (size_t(L) * (N + P + 2) + size_t(kMaxWindow) * (2 * N + L + 1));
+  static size_t bytes(int L, int N) {
+    return sizeof(float) * (size_t(L) * N + size_t(kMaxWindow) * (2 * N + L));
   }
-  __device__ static StepSmem carve(float* base, int L, int N, int P) {
+  __device__ static StepSmem carve(float* base, int L, int N) {
     StepSmem s;
-    s.hist_B = base;
-    s.C = s.hist_B + L * N;
+    s.B = base;
+    s.C = s.B + L * N;
     s.Cr = s.C + kMaxWindow * N;
-    s.hist_x = s.Cr + kMaxWindow * N;
-    s.hist_delta = s.hist_x + L * P;
-    s.hist_L = s.hist_delta + L;
-    s.w = s.hist_L + L;
-    s.dec = s.w + kMaxWindow * L;
+    s.dot = s.Cr + kMaxWindow * N;
     return s;
   }
 };
@@ -333,6 +326,30 @@ __device__ __forceinline__ void fold8(float (&s)[8], const FoldSmem& f, int coun
   }
 }
 
+// fold8 for R rows at once: the 8 columns of B_k are read from shared memory once per entry for
+// all rows (R times less shared-memory traffic); per element the operations are fold8's.
+template <int R>
+__device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, int count,
+                                          const int (&prow)[R], int n0, int N, int P) {
+  const float d0 = *f.d0;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[r][i] *= d0;
+  for (int k = 0; k < count; ++k) {
+    const float4 b0 = *reinterpret_cast<const float4*>(f.B + k * N + n0);
+    const float4 b1 = *reinterpret_cast<const float4*>(f.B + k * N + n0 + 4);
+    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    const float wk = f.w[k];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float wx = wk * f.x[k * P + prow[r]];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[r][i] += wx * bv[i];
+    }
+  }
+}
+
 // NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
 __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   int bad = 0;
@@ -399,17 +416,19 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   for (int base = 0; base < P; base += rm.rows_per_group) {
     float v[kStepRows][8];
     int row[kStepRows];
+    int clamped[kStepRows];
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
       decode_raw8<kMode>(raw[r], true, v[r]);
       row[r] = prow[r];
+      clamped[r] = min(row[r], P - 1);
     }
     if (base + rm.rows_per_group < P)
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
+    fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
-      const int pr = min(row[r], P - 1);
-      fold8(v[r], f, cur.committed, pr, rm.n0, N, P);
+      const int pr = clamped[r];
       const int bad = sanitize8(v[r]);
       float rv[8];
       int sat = 0;
@@ -439,101 +458,150 @@ __global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayPar
 }
 
 // ---- verify ------------------------------------------------------------------------------------
-// One block per (batch entry, head), for every slot (a flushing slot's checkpoint was rewritten
-// by flush_kernel, and its window starts at logical 0). The read checkpoint's address depends only
-// on the slot id, so its loads are issued first and land while the ring and the window are staged:
-//   y_j = exp(A L_i) * scale * sum_n R[p,n] Cr_j[n]  +  sum_{k<=i} w[j][k] x_k[p]  +  D x_i[p]
-//   w[j][k] = delta_k exp(A (L_i - L_k)) (B_k . C_j),  i = c + j
-// Cr_j (C_j, rounded to bf16 in the 8/4-bit read modes) is held in registers: each thread always
-// works on the same 8 columns n0..n0+7, and reading it from shared memory for every row would
-// move 32 bytes of shared memory per checkpoint byte at W = 8.
+// One block per (batch entry, group, chunk of heads_per_block heads of the group), for every slot
+// (a flushing slot's checkpoint was rewritten by flush_kernel; its window starts at logical 0):
+//
+//   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p] + D x_i[p]
+//   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j),         i = c + j,  L_k = delta_0 + ... +
+//   delta_k
+//
+// What the heads of a group share is done once per block: the entries' B and the window's C are
+// staged and the products B_k . C_j go to shared memory. Per head everything stays in registers:
+// lane l of a row owns the entries k = l + t * lanes (t < kEntries), loads delta_k and x_k[p] and
+// forms its w_jk; the ring term then joins the checkpoint term in the row's one reduction,
+//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p],
+// so no barrier separates the heads, and the checkpoint rows and x entries of the next (head, row
+// group) are in flight while the current one is reduced. Cr_j is held in registers (each thread
+// always works on the same 8 columns; reading it from shared memory per row would move 32 bytes
+// of shared memory per checkpoint byte at W = 8).
 inline constexpr int kVerifyThreads = 128;
 
-// Rows a thread keeps in flight: a whole head at the common shapes (N = 128, P = 64: 8 rows per
-// pass x 8), half of that for the 32-byte chunks of the fp32 checkpoint and at W = 8, where the
-// 64 registers of C_j leave less room and the readout's FMAs hide more latency.
-template <Mode kMode, int kW>
+// Rows per (head, row group) unit: with the next unit's loads in flight while the current one is
+// reduced, a thread holds 2 x 4 rows (N = 128, P = 64: a head is two units of 32 rows); 2 x 2 for
+// the 32-byte chunks of the fp32 checkpoint.
+template <Mode kMode>
 constexpr int verify_rows() {
-  return kMode == Mode::fp32 || kW == 8 ? 4 : 8;
+  return kMode == Mode::fp32 ? 2 : 4;
 }
 // Resident blocks per SM the register allocation aims at (ptxas -v: no spills at these bounds).
 constexpr int verify_min_blocks(int kW) { return kW == 1 ? 6 : kW == 4 ? 4 : 3; }
 
-template <Mode kMode, typename ActT, int kW>
+// Entry k of head h as a verify sees it: committed entries from the ring, the window's from the
+// inputs; 0 past the last entry m - 1.
+template <typename ActT>
+__device__ __forceinline__ float entry_x(const ReplayParams& p, const SlotSections& sec,
+                                         const SlotCursors& after, int b, int h, int k, int row) {
+  const int c = after.committed;
+  if (k < c)
+    return act_f32(static_cast<const ActT*>(
+                       sec.ring_x)[(int64_t(ring_index(after, k, p.L)) * p.H + h) * p.P + row],
+                   p.act_f16);
+  if (k < c + p.tokens)
+    return act_f32(
+        static_cast<const ActT*>(p.x)[((int64_t(b) * p.tokens + k - c) * p.H + h) * p.P + row],
+        p.act_f16);
+  return 0.f;
+}
+__device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSections& sec,
+                                             const SlotCursors& after, int b, int h, int k) {
+  const int c = after.committed;
+  if (k < c) return sec.ring_delta[ring_index(after, k, p.L) * p.H + h];
+  if (k < c + p.tokens)
+    return process_dt(p.dt[(int64_t(b) * p.tokens + k - c) * p.H + h], p.head.dt_bias[h],
+                      p.head.dt_min, p.head.dt_max);
+  return 0.f;
+}
+
+// The loads of one (head, row group) unit: checkpoint rows and the lane's x entries of each row.
+template <Mode kMode, typename ActT, int R, int kEntries>
+struct VerifyUnit {
+  RawChunk raw[R];
+  int row[R];
+  float x[R][kEntries];
+
+  __device__ __forceinline__ void load(const ReplayParams& p, const SlotSections& sec,
+                                       const SlotCursors& after, const RowMap& rm, int b, int h,
+                                       int base) {
+    load_group<kMode>(sec, rm, h, p.P, p.N, base, false, raw, row);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t)
+        x[r][t] =
+            entry_x<ActT>(p, sec, after, b, h, rm.lane_in_row + t * rm.lanes, min(row[r], p.P - 1));
+  }
+};
+
+template <Mode kMode, typename ActT, int kW, int kEntries>
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
     verify_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
-  constexpr int R = verify_rows<kMode, kW>();
-  const int b = blockIdx.x / p.H, h = blockIdx.x % p.H;
+  constexpr int R = verify_rows<kMode>();
+  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
+  const int chunks = H / G / p.heads_per_block;
+  const int b = blockIdx.x / (G * chunks), g = blockIdx.x / chunks % G;
+  const int h0 = g * (H / G) + blockIdx.x % chunks * p.heads_per_block;
   const int slot = p.slots[b];
-  if (slot < 0) return;
-  const int W = p.tokens, L = p.L, N = p.N, P = p.P, H = p.H, G = p.G, g = h / (H / G);
+  if (slot < 0) return;  // padding
   const SlotSections sec = slot_sections(p.geo, slot);
   const RowMap rm(p.lanes_per_row, R);
-  RawChunk raw[R];
-  int prow[R];
-  load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+  const int groups_per_head = (P + rm.rows_per_group - 1) / rm.rows_per_group;
+  const int units = p.heads_per_block * groups_per_head;
 
+  // The read checkpoint's address depends only on the slot id: unit 0's rows load first.
+  VerifyUnit<kMode, ActT, R, kEntries> next;
+  load_group<kMode>(sec, rm, h0, P, N, 0, false, next.raw, next.row);
   if (!slot_ok(p, b)) return;  // uniform over the block
   SlotCursors after = p.cursors[slot];
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
   const int c = after.committed, m = c + W;
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, P);
-  const float A = p.head.A[h], D = p.head.D[h];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < kEntries; ++t)
+      next.x[r][t] = entry_x<ActT>(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes,
+                                   min(next.row[r], P - 1));
+
+  // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N);
   {
-    const ActT* ringB = static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N;
-    const ActT* ringX = static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P;
-    const StageSegment<ActT> seg[5] = {
-        {sm.hist_B, ringB, int64_t(G) * N, c, N, true, nullptr},
-        {sm.hist_x, ringX, int64_t(H) * P, c, P, true, nullptr},
-        {sm.hist_B + c * N, static_cast<const ActT*>(p.B) + (int64_t(b) * W * G + g) * N,
-         int64_t(G) * N, W, N, false, nullptr},
-        {sm.hist_x + c * P, static_cast<const ActT*>(p.x) + (int64_t(b) * W * H + h) * P,
-         int64_t(H) * P, W, P, false, nullptr},
+    const StageSegment<ActT> seg[3] = {
+        {sm.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, int64_t(G) * N, c, N, true,
+         nullptr},
+        {sm.B + c * N, static_cast<const ActT*>(p.B) + (int64_t(b) * W * G + g) * N, int64_t(G) * N,
+         W, N, false, nullptr},
         {sm.C, static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N, int64_t(G) * N, W, N,
          false, sm.Cr}};
     stage_segments<ActT, bf16_readout(kMode)>(seg, after, L, p.act_f16);
   }
-  for (int k = threadIdx.x; k < c; k += blockDim.x)
-    sm.hist_delta[k] = sec.ring_delta[ring_index(after, k, L) * H + h];
-  for (int j = threadIdx.x; j < W; j += blockDim.x)
-    sm.hist_delta[c + j] = process_dt(p.dt[(int64_t(b) * W + j) * H + h], p.head.dt_bias[h],
-                                      p.head.dt_min, p.head.dt_max);
-  __syncthreads();
-
-  // New ring entries of this head (x from the staged fp32 copy: converting back is exact). They
-  // land at logical c.., which no block of this step reads from the ring.
-  for (int idx = threadIdx.x; idx < W * P; idx += blockDim.x) {
-    const int j = idx / P, i = idx - j * P;
-    const float v = sm.hist_x[(c + j) * P + i];
-    ActT* dst =
-        static_cast<ActT*>(sec.ring_x) + (int64_t(ring_index(after, c + j, L)) * H + h) * P + i;
-    if constexpr (sizeof(ActT) == 4)
-      *dst = v;
-    else
-      *dst = p.act_f16 ? __half_as_ushort(__float2half_rn(v)) : f32_to_bf16(v);
-  }
-  for (int j = threadIdx.x; j < W; j += blockDim.x)
-    sec.ring_delta[ring_index(after, c + j, L) * H + h] = sm.hist_delta[c + j];
-  if (threadIdx.x == 0) {
-    float run = 0.f;
-    for (int k = 0; k < m; ++k) sm.hist_L[k] = run += sm.hist_delta[k];
+  // The window's ring x and delta for this block's heads (raw copies: the ring holds the
+  // activation dtype). Logical positions c.. are read by no block of this step.
+  {
+    constexpr int kVec = 16 / sizeof(ActT);  // elements per 16-byte vector
+    const int per_row = P / kVec, total = p.heads_per_block * W * per_row;
+    for (int u = threadIdx.x; u < total; u += blockDim.x) {
+      const int hh = u / (W * per_row), j = u / per_row % W, i = u % per_row;
+      const int h = h0 + hh, phys = ring_index(after, c + j, L);
+      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P)[i] =
+          reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) +
+                                         ((int64_t(b) * W + j) * H + h) * P)[i];
+    }
+    for (int u = threadIdx.x; u < p.heads_per_block * W; u += blockDim.x) {
+      const int h = h0 + u / W, j = u % W;
+      sec.ring_delta[ring_index(after, c + j, L) * H + h] = entry_delta(p, sec, after, b, h, c + j);
+    }
   }
   __syncthreads();
-  // w[j][k], one warp per (j, k); dec[j] = exp(A L_i)
   {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int pair = warp; pair < W * m; pair += warps) {
-      const int j = pair / m, k = pair - j * m, i = c + j;
-      float dot = 0.f;
-      if (k <= i)
-        for (int n = lane; n < N; n += 32) dot += sm.hist_B[k * N + n] * sm.C[j * N + n];
-      dot = row_sum(dot, 32);
-      if (lane == 0)
-        sm.w[j * L + k] =
-            k <= i ? sm.hist_delta[k] * decay(A * (sm.hist_L[i] - sm.hist_L[k])) * dot : 0.f;
+      const int j = pair / m, k = pair - j * m;
+      float d = 0.f;
+      if (k <= c + j)
+        for (int n = lane; n < N; n += 32) d += sm.B[k * N + n] * sm.C[j * N + n];
+      d = row_sum(d, 32);
+      if (lane == 0) sm.dot[j * L + k] = d;
     }
-    for (int j = threadIdx.x; j < W; j += blockDim.x) sm.dec[j] = decay(A * sm.hist_L[c + j]);
   }
   float cr[kW][8];
 #pragma unroll
@@ -550,29 +618,67 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
   const int per_value = rm.lanes / kW;  // lanes holding each reduced value
   const int j_out = rm.lane_in_row / per_value;
   const bool writer = j_out < W && rm.lane_in_row % per_value == 0;
-  for (int base = 0; base < P; base += rm.rows_per_group) {
-    if (base > 0) load_group<kMode>(sec, rm, h, P, N, base, false, raw, prow);
+  float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
+  float dec[kW];           // exp(A L_i)
+  for (int u = 0; u < units; ++u) {
+    const int h = h0 + u / groups_per_head;
+    if (u % groups_per_head == 0) {
+      // Running sums in the CPU reference's order (sequential over k), broadcast from the lanes
+      // that own the entries; m is uniform over the block, so every lane takes part.
+      const float A = p.head.A[h], D = p.head.D[h];
+      float dl[kEntries], Lk[kEntries], Li[kW];
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t)
+        dl[t] = entry_delta(p, sec, after, b, h, rm.lane_in_row + t * rm.lanes), Lk[t] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kW; ++j) Li[j] = 0.f;
+      float run = 0.f;
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) {
+        for (int l2 = 0; l2 < rm.lanes && t * rm.lanes + l2 < m; ++l2) {
+          const int q = t * rm.lanes + l2;
+          run += __shfl_sync(0xffffffffu, dl[t], l2, rm.lanes);
+          if (l2 == rm.lane_in_row) Lk[t] = run;
+#pragma unroll
+          for (int j = 0; j < kW; ++j)
+            if (q == c + j) Li[j] = run;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        dec[j] = j < W ? decay(A * Li[j]) : 0.f;
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t) {
+          const int k = rm.lane_in_row + t * rm.lanes, i = c + j;
+          float w = 0.f;
+          if (j < W && k <= i) w = dl[t] * decay(A * (Li[j] - Lk[t])) * sm.dot[j * L + k];
+          if (j < W && k == i) w += D;
+          wk[t][j] = w;
+        }
+      }
+    }
+    // This unit's loads are in `next`; issue the following unit's before reducing this one.
+    const VerifyUnit<kMode, ActT, R, kEntries> cur = next;
+    if (u + 1 < units)
+      next.load(p, sec, after, rm, b, h0 + (u + 1) / groups_per_head,
+                (u + 1) % groups_per_head * rm.rows_per_group);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float v[8];
-      const float scale = decode_raw8<kMode>(raw[r], false, v);
+      const float scale = decode_raw8<kMode>(cur.raw[r], false, v);
       float part[kW];
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) s += v[i] * cr[j][i];
-        part[j] = s;
+        part[j] = dec[j] * scale * s;
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t) part[j] += wk[t][j] * cur.x[r][t];
       }
-      const float dotC = row_sum_values<kW>(part, rm.lane_in_row, rm.lanes);
-      const int pr = prow[r];
-      if (pr < P && writer) {
-        const int i = c + j_out;
-        float acc = sm.dec[j_out] * (scale * dotC);
-        for (int k = 0; k <= i; ++k) acc += sm.w[j_out * L + k] * sm.hist_x[k * P + pr];
-        acc += D * sm.hist_x[i * P + pr];
-        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + pr, acc);
-      }
+      const float y = row_sum_values<kW>(part, rm.lane_in_row, rm.lanes);
+      if (writer && cur.row[r] < P)
+        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + cur.row[r], y);
     }
   }
 }
