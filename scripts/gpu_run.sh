@@ -3,7 +3,7 @@
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
 #   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
-# Environment: BENCH_ARGS (extra `replayssm bench` options), PROFILE_ARGS (the profiled bench).
+# Environment: BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's).
 set -uo pipefail
 steps=("$@")
 [[ ${#steps[@]} -eq 0 ]] && steps=(build test racecheck bench profile)
@@ -47,8 +47,8 @@ if has racecheck; then
   done
 fi
 if has bench; then
-  step bench 420 $bin bench --backend cuda --check --batches 1,8,64,256 \
-    --modes fp32,bf16,shared-fp8,separate-fp8,separate-nvfp4 --windows 1,8 ${BENCH_ARGS:-}
+  step bench 420 $bin bench --backend cuda --check \
+    ${BENCH_ARGS:---batches 1,8,64,256 --modes fp32,bf16,shared-fp8,separate-fp8,separate-nvfp4 --windows 1,8}
   cat "$out/bench.txt"
 fi
 if has profile; then

@@ -149,7 +149,11 @@ class CudaBackend final : public CacheBackend {
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);
     smem_fold_ = cuda::FoldSmem::bytes(config.history, N, shape.headdim);
-    smem_verify_ = cuda::StepSmem::bytes(config.history, N);
+    smem_verify_ = cuda::StepSmem::bytes(config.history, N) +
+                   cuda::kVerifyStages * cuda::VerifyStage::make(
+                                             config.mode, int(dtype_size(config.activation_dtype)),
+                                             shape.headdim, N, config.history)
+                                             .bytes;
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
     check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,

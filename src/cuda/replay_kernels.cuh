@@ -195,7 +195,7 @@ struct StepSmem {
   float* Cr;   // [kMaxWindow, N]      C rounded to bf16 in the 8/4-bit read modes (else == C)
   float* dot;  // [kMaxWindow, L]      B_k . C_j (k <= c + j, else 0)
 
-  static size_t bytes(int L, int N) {
+  __host__ __device__ static size_t bytes(int L, int N) {
     return sizeof(float) * (size_t(L) * N + size_t(kMaxWindow) * (2 * N + L));
   }
   __device__ static StepSmem carve(float* base, int L, int N) {
@@ -210,19 +210,17 @@ struct StepSmem {
 
 // Shared memory of a fold (flush, prefill, state): the committed entries of one head.
 struct FoldSmem {
-  float* B;    // [L, N]
-  float* x;    // [L, P]
-  float* sum;  // [L]  running sums of the deltas
-  float* w;    // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
-  float* d0;   // [1]  exp(A L_{m-1})
+  float* B;   // [L, N]
+  float* x;   // [L, P]
+  float* w;   // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
+  float* d0;  // [1]  exp(A L_{m-1})
 
-  static size_t bytes(int L, int N, int P) { return sizeof(float) * (size_t(L) * (N + P + 2) + 4); }
+  static size_t bytes(int L, int N, int P) { return sizeof(float) * (size_t(L) * (N + P + 1) + 4); }
   __device__ static FoldSmem carve(float* base, int L, int N, int P) {
     FoldSmem f;
     f.B = base;
     f.x = f.B + L * N;
-    f.sum = f.x + L * P;
-    f.w = f.sum + L;
+    f.w = f.x + L * P;
     f.d0 = f.w + L;
     return f;
   }
@@ -301,13 +299,19 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   for (int k = threadIdx.x; k < count; k += blockDim.x)
     f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const float A = p.head.A[h];
-    float total = 0.f;
-    for (int k = 0; k < count; ++k) f.sum[k] = total += f.w[k];
-    for (int k = 0; k < count; ++k) f.w[k] *= decay(A * (total - f.sum[k]));
-    *f.d0 = decay(A * total);
+  // Thread k forms the weight of entry k (count <= L <= 32 < blockDim.x); every thread sums the
+  // deltas in logical order, the CPU reference's order.
+  const int k = threadIdx.x;
+  float total = 0.f, upto = 0.f;
+  for (int q = 0; q < count; ++q) {
+    total += f.w[q];
+    if (q == k) upto = total;
   }
+  const float dk = k < count ? f.w[k] : 0.f;
+  __syncthreads();
+  const float A = p.head.A[h];
+  if (k < count) f.w[k] = dk * decay(A * (total - upto));
+  if (k == 0) *f.d0 = decay(A * total);
 }
 
 // The fold of stage_fold for one 8-element chunk of row prow.
@@ -466,41 +470,83 @@ __global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayPar
 //   delta_k
 //
 // What the heads of a group share is done once per block: the entries' B and the window's C are
-// staged and the products B_k . C_j go to shared memory. Per head everything stays in registers:
-// lane l of a row owns the entries k = l + t * lanes (t < kEntries), loads delta_k and x_k[p] and
-// forms its w_jk; the ring term then joins the checkpoint term in the row's one reduction,
-//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p],
-// so no barrier separates the heads, and the checkpoint rows and x entries of the next (head, row
-// group) are in flight while the current one is reduced. Cr_j is held in registers (each thread
-// always works on the same 8 columns; reading it from shared memory per row would move 32 bytes
-// of shared memory per checkpoint byte at W = 8).
+// staged and the products B_k . C_j go to shared memory. The read checkpoint streams through
+// shared memory in (head, row chunk) units with cp.async, kVerifyStages deep, so the bytes in
+// flight do not depend on registers (an 8-byte fp8 chunk per lane held in registers leaves the
+// memory system idle). Per head the weights stay in registers: lane l of a row owns the entries
+// k = l + t * N/8 (t < kEntries) and forms w_jk for them; the ring term then joins the checkpoint
+// term in the row's one reduction,
+//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p].
+// Cr_j is held in registers (each thread always works on the same 8 columns; reading it from
+// shared memory per row would move 32 bytes of shared memory per checkpoint byte at W = 8).
 inline constexpr int kVerifyThreads = 128;
+inline constexpr int kVerifyStages = 3;
+inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
 
-// Rows per (head, row group) unit: with the next unit's loads in flight while the current one is
-// reduced, a thread holds 2 x 4 rows (N = 128, P = 64: a head is two units of 32 rows); 2 x 2 for
-// the 32-byte chunks of the fp32 checkpoint.
-template <Mode kMode>
-constexpr int verify_rows() {
-  return kMode == Mode::fp32 ? 2 : 4;
+// Shared-memory staging of one unit: `rows` rows of one head's read checkpoint (codes, row
+// scales, nvfp4 block scales) and the x entries [L][rows] of those rows (row pitch padded by one
+// 16-byte vector against bank conflicts). Every part is a whole number of 16-byte vectors.
+struct VerifyStage {
+  int rows;         // rows per unit: P, or a divisor of P keeping the codes <= kVerifyUnitBytes
+  int code_bytes;   // per row
+  int scale_bytes;  // per row: 4 in the row-scaled modes, else 0
+  int block_bytes;  // per row: N/16 for nvfp4, else 0
+  int x_pitch;      // elements per x row
+  int act_bytes;
+  size_t bytes;  // one stage
+
+  __host__ __device__ static VerifyStage make(Mode mode, int act_bytes, int P, int N, int L) {
+    VerifyStage s{};
+    s.code_bytes = mode == Mode::fp32                                                    ? 4 * N
+                   : (mode == Mode::bf16 || mode == Mode::fp16 || mode == Mode::fp16_sr) ? 2 * N
+                   : mode == Mode::separate_nvfp4                                        ? N / 2
+                                                                                         : N;
+    s.scale_bytes = bf16_readout(mode) ? 4 : 0;
+    s.block_bytes = mode == Mode::separate_nvfp4 ? N / 16 : 0;
+    s.rows = P;
+    while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % 16 == 0) s.rows /= 2;
+    s.act_bytes = act_bytes;
+    s.x_pitch = s.rows + 16 / act_bytes;
+    s.bytes = size_t(s.rows) * (s.code_bytes + s.scale_bytes + s.block_bytes) +
+              size_t(L) * s.x_pitch * act_bytes;
+    return s;
+  }
+  // Slot sections viewed on one stage (row indices relative to the unit), for load_raw8.
+  __device__ SlotSections view(uint8_t* base) const {
+    SlotSections v{};
+    v.rec = v.read = base;
+    v.rec_scale = v.read_scale = reinterpret_cast<float*>(base + rows * code_bytes);
+    v.read_block_scale = base + rows * (code_bytes + scale_bytes);
+    v.ring_x = base + rows * (code_bytes + scale_bytes + block_bytes);
+    return v;
+  }
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
 }
-// Resident blocks per SM the register allocation aims at (ptxas -v: no spills at these bounds).
-constexpr int verify_min_blocks(int kW) { return kW == 1 ? 6 : kW == 4 ? 4 : 3; }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+// Copies `bytes` (a multiple of 16) with the block's threads, 16 bytes each.
+__device__ __forceinline__ void cp_async_block(void* smem, const void* gmem, int bytes) {
+  for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+    cp_async16(static_cast<uint8_t*>(smem) + 16 * i, static_cast<const uint8_t*>(gmem) + 16 * i);
+}
 
 // Entry k of head h as a verify sees it: committed entries from the ring, the window's from the
-// inputs; 0 past the last entry m - 1.
+// inputs.
 template <typename ActT>
-__device__ __forceinline__ float entry_x(const ReplayParams& p, const SlotSections& sec,
-                                         const SlotCursors& after, int b, int h, int k, int row) {
+__device__ __forceinline__ const ActT* entry_x_row(const ReplayParams& p, const SlotSections& sec,
+                                                   const SlotCursors& after, int b, int h, int k) {
   const int c = after.committed;
   if (k < c)
-    return act_f32(static_cast<const ActT*>(
-                       sec.ring_x)[(int64_t(ring_index(after, k, p.L)) * p.H + h) * p.P + row],
-                   p.act_f16);
-  if (k < c + p.tokens)
-    return act_f32(
-        static_cast<const ActT*>(p.x)[((int64_t(b) * p.tokens + k - c) * p.H + h) * p.P + row],
-        p.act_f16);
-  return 0.f;
+    return static_cast<const ActT*>(sec.ring_x) +
+           (int64_t(ring_index(after, k, p.L)) * p.H + h) * p.P;
+  return static_cast<const ActT*>(p.x) + ((int64_t(b) * p.tokens + k - c) * p.H + h) * p.P;
 }
 __device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSections& sec,
                                              const SlotCursors& after, int b, int h, int k) {
@@ -512,58 +558,62 @@ __device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSe
   return 0.f;
 }
 
-// The loads of one (head, row group) unit: checkpoint rows and the lane's x entries of each row.
-template <Mode kMode, typename ActT, int R, int kEntries>
-struct VerifyUnit {
-  RawChunk raw[R];
-  int row[R];
-  float x[R][kEntries];
-
-  __device__ __forceinline__ void load(const ReplayParams& p, const SlotSections& sec,
-                                       const SlotCursors& after, const RowMap& rm, int b, int h,
-                                       int base) {
-    load_group<kMode>(sec, rm, h, p.P, p.N, base, false, raw, row);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < kEntries; ++t)
-        x[r][t] =
-            entry_x<ActT>(p, sec, after, b, h, rm.lane_in_row + t * rm.lanes, min(row[r], p.P - 1));
+// Issues the copies of one unit (rows row0.. of head h) into a stage and commits them as a group.
+template <Mode kMode, typename ActT>
+__device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSections& sec,
+                                           const SlotCursors& after, const VerifyStage& vs,
+                                           uint8_t* stage, int b, int h, int row0, int m) {
+  const int64_t row = int64_t(h) * p.P + row0;
+  const SlotSections v = vs.view(stage);
+  constexpr bool kSeparate = kMode == Mode::separate_fp8 || kMode == Mode::separate_nvfp4;
+  const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
+  cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
+  if (vs.scale_bytes)
+    cp_async_block(v.rec_scale, (kSeparate ? sec.read_scale : sec.rec_scale) + row,
+                   vs.rows * vs.scale_bytes);
+  if (vs.block_bytes)
+    cp_async_block(v.read_block_scale, sec.read_block_scale + row * vs.block_bytes,
+                   vs.rows * vs.block_bytes);
+  const int per_k = vs.rows * int(sizeof(ActT)) / 16;  // 16-byte vectors per entry
+  for (int i = threadIdx.x; i < m * per_k; i += blockDim.x) {
+    const int k = i / per_k, q = i - k * per_k;
+    cp_async16(static_cast<uint8_t*>(v.ring_x) + (int64_t(k) * vs.x_pitch * sizeof(ActT)) + 16 * q,
+               reinterpret_cast<const uint8_t*>(entry_x_row<ActT>(p, sec, after, b, h, k) + row0) +
+                   16 * q);
   }
-};
+  cp_async_commit();
+}
 
 template <Mode kMode, typename ActT, int kW, int kEntries>
-__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
-    verify_kernel(const ReplayParams p) {
+__global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
-  constexpr int R = verify_rows<kMode>();
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = H / G / p.heads_per_block;
   const int b = blockIdx.x / (G * chunks), g = blockIdx.x / chunks % G;
   const int h0 = g * (H / G) + blockIdx.x % chunks * p.heads_per_block;
   const int slot = p.slots[b];
-  if (slot < 0) return;  // padding
+  if (slot < 0 || !slot_ok(p, b)) return;  // padding or invalid: uniform over the block
   const SlotSections sec = slot_sections(p.geo, slot);
-  const RowMap rm(p.lanes_per_row, R);
-  const int groups_per_head = (P + rm.rows_per_group - 1) / rm.rows_per_group;
-  const int units = p.heads_per_block * groups_per_head;
-
-  // The read checkpoint's address depends only on the slot id: unit 0's rows load first.
-  VerifyUnit<kMode, ActT, R, kEntries> next;
-  load_group<kMode>(sec, rm, h0, P, N, 0, false, next.raw, next.row);
-  if (!slot_ok(p, b)) return;  // uniform over the block
   SlotCursors after = p.cursors[slot];
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
   const int c = after.committed, m = c + W;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int t = 0; t < kEntries; ++t)
-      next.x[r][t] = entry_x<ActT>(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes,
-                                   min(next.row[r], P - 1));
+
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N);
+  const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N);
+  const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
+  auto issue = [&](int u) {
+    issue_unit<kMode, ActT>(p, sec, after, vs, stages + (u % kVerifyStages) * vs.bytes, b,
+                            h0 + u / units_per_head, u % units_per_head * vs.rows, m);
+  };
+  for (int u = 0; u < kVerifyStages - 1; ++u) {
+    if (u < units)
+      issue(u);
+    else
+      cp_async_commit();  // empty group: the wait count below stays uniform
+  }
 
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N);
   {
     const StageSegment<ActT> seg[3] = {
         {sm.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, int64_t(G) * N, c, N, true,
@@ -603,6 +653,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
       if (lane == 0) sm.dot[j * L + k] = d;
     }
   }
+  const RowMap rm(p.lanes_per_row, 1);
   float cr[kW][8];
 #pragma unroll
   for (int j = 0; j < kW; ++j) {
@@ -613,23 +664,34 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
       for (int i = 0; i < 8; ++i) cr[j][i] = 0.f;
     }
   }
-  __syncthreads();
 
   const int per_value = rm.lanes / kW;  // lanes holding each reduced value
   const int j_out = rm.lane_in_row / per_value;
   const bool writer = j_out < W && rm.lane_in_row % per_value == 0;
   float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
   float dec[kW];           // exp(A L_i)
+  float dl_next[kEntries];
+#pragma unroll
+  for (int t = 0; t < kEntries; ++t)
+    dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
   for (int u = 0; u < units; ++u) {
-    const int h = h0 + u / groups_per_head;
-    if (u % groups_per_head == 0) {
+    __syncthreads();  // the stage issued next was consumed in iteration u - 1 (and sm.dot is set)
+    if (u + kVerifyStages - 1 < units)
+      issue(u + kVerifyStages - 1);
+    else
+      cp_async_commit();
+    const int h = h0 + u / units_per_head, row0 = u % units_per_head * vs.rows;
+    if (row0 == 0) {
       // Running sums in the CPU reference's order (sequential over k), broadcast from the lanes
       // that own the entries; m is uniform over the block, so every lane takes part.
       const float A = p.head.A[h], D = p.head.D[h];
       float dl[kEntries], Lk[kEntries], Li[kW];
 #pragma unroll
-      for (int t = 0; t < kEntries; ++t)
-        dl[t] = entry_delta(p, sec, after, b, h, rm.lane_in_row + t * rm.lanes), Lk[t] = 0.f;
+      for (int t = 0; t < kEntries; ++t) dl[t] = dl_next[t], Lk[t] = 0.f;
+      if (h + 1 < h0 + p.heads_per_block)
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t)
+          dl_next[t] = entry_delta(p, sec, after, b, h + 1, rm.lane_in_row + t * rm.lanes);
 #pragma unroll
       for (int j = 0; j < kW; ++j) Li[j] = 0.f;
       float run = 0.f;
@@ -657,15 +719,23 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
         }
       }
     }
-    // This unit's loads are in `next`; issue the following unit's before reducing this one.
-    const VerifyUnit<kMode, ActT, R, kEntries> cur = next;
-    if (u + 1 < units)
-      next.load(p, sec, after, rm, b, h0 + (u + 1) / groups_per_head,
-                (u + 1) % groups_per_head * rm.rows_per_group);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
+    cp_async_wait<kVerifyStages - 1>();
+    __syncthreads();  // unit u's bytes, copied by every thread, are in shared memory
+    uint8_t* stage = stages + (u % kVerifyStages) * vs.bytes;
+    const SlotSections view = vs.view(stage);
+    const ActT* xs = static_cast<const ActT*>(view.ring_x);
+    for (int r0 = 0; r0 < vs.rows; r0 += rm.rows_per_pass) {
+      const int rr = r0 + threadIdx.x / rm.lanes, rc = min(rr, vs.rows - 1);
+      RawChunk raw;
+      load_raw8<kMode>(view, rc, rm.n0, N, false, raw);
       float v[8];
-      const float scale = decode_raw8<kMode>(cur.raw[r], false, v);
+      const float scale = decode_raw8<kMode>(raw, false, v);
+      float xk[kEntries];
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) {
+        const int k = rm.lane_in_row + t * rm.lanes;
+        xk[t] = k < m ? act_f32(xs[k * vs.x_pitch + rc], p.act_f16) : 0.f;
+      }
       float part[kW];
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
@@ -674,11 +744,11 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kW))
         for (int i = 0; i < 8; ++i) s += v[i] * cr[j][i];
         part[j] = dec[j] * scale * s;
 #pragma unroll
-        for (int t = 0; t < kEntries; ++t) part[j] += wk[t][j] * cur.x[r][t];
+        for (int t = 0; t < kEntries; ++t) part[j] += wk[t][j] * xk[t];
       }
       const float y = row_sum_values<kW>(part, rm.lane_in_row, rm.lanes);
-      if (writer && cur.row[r] < P)
-        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + cur.row[r], y);
+      if (writer && rr < vs.rows)
+        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
   }
 }
