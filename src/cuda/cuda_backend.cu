@@ -149,11 +149,12 @@ class CudaBackend final : public CacheBackend {
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);
     smem_fold_ = cuda::FoldSmem::bytes(config.history, N, shape.headdim);
-    smem_verify_ = cuda::StepSmem::bytes(config.history, N) +
-                   cuda::kVerifyStages * cuda::VerifyStage::make(
-                                             config.mode, int(dtype_size(config.activation_dtype)),
-                                             shape.headdim, N, config.history)
-                                             .bytes;
+    verify_stage_bytes_ =
+        cuda::kVerifyStages * cuda::VerifyStage::make(config.mode,
+                                                      int(dtype_size(config.activation_dtype)),
+                                                      shape.headdim, N, config.history)
+                                  .bytes;
+    smem_verify_ = cuda::StepSmem::bytes(config.history, N, cuda::kMaxWindow) + verify_stage_bytes_;
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
     check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,
@@ -443,17 +444,19 @@ class CudaBackend final : public CacheBackend {
         break;
       }
     const int blocks = p.batch * shape_.nheads / p.heads_per_block;
-    auto run = [&](auto kernel) {
-      allow_smem(kernel, smem_verify_);
-      kernel<<<blocks, cuda::kVerifyThreads, smem_verify_, stream_>>>(p);
+    auto run = [&](auto kernel, int windows) {
+      const size_t smem =
+          cuda::StepSmem::bytes(config_.history, shape_.dstate, windows) + verify_stage_bytes_;
+      allow_smem(kernel, smem);
+      kernel<<<blocks, cuda::kVerifyThreads, smem, stream_>>>(p);
     };
     auto with_window = [&]<int kEntries>() {
       if (p.tokens == 1)
-        run(cuda::verify_kernel<kMode, ActT, 1, kEntries>);
+        run(cuda::verify_kernel<kMode, ActT, 1, kEntries>, 1);
       else if (p.tokens <= 4)
-        run(cuda::verify_kernel<kMode, ActT, 4, kEntries>);
+        run(cuda::verify_kernel<kMode, ActT, 4, kEntries>, 4);
       else
-        run(cuda::verify_kernel<kMode, ActT, 8, kEntries>);
+        run(cuda::verify_kernel<kMode, ActT, 8, kEntries>, 8);
     };
     if (entries_per_lane_ == 1)
       with_window.template operator()<1>();
@@ -485,7 +488,8 @@ class CudaBackend final : public CacheBackend {
   uint64_t writes_by_import_ = 0;
   ReplayParams base_;
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
-  size_t smem_verify_ = 0;         // verify_kernel
+  size_t smem_verify_ = 0;         // verify_kernel at W = 8 (the most)
+  size_t verify_stage_bytes_ = 0;  // its checkpoint staging
   DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;

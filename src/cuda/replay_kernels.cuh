@@ -188,22 +188,23 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
   if (st == 0 && p.cursors[slot].committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = b;
 }
 
-// Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer.
+// Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;
+// `windows` = W rounded up as the kernel is specialised (1, 4 or 8).
 struct StepSmem {
-  float* B;    // [L, N]               entries the readout sees: committed, then the window
-  float* C;    // [kMaxWindow, N]
-  float* Cr;   // [kMaxWindow, N]      C rounded to bf16 in the 8/4-bit read modes (else == C)
-  float* dot;  // [kMaxWindow, L]      B_k . C_j (k <= c + j, else 0)
+  float* B;    // [L, N]         entries the readout sees: committed, then the window
+  float* C;    // [windows, N]
+  float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
+  float* dot;  // [windows, L]   B_k . C_j (k <= c + j, else 0)
 
-  __host__ __device__ static size_t bytes(int L, int N) {
-    return sizeof(float) * (size_t(L) * N + size_t(kMaxWindow) * (2 * N + L));
+  __host__ __device__ static size_t bytes(int L, int N, int windows) {  // 16-byte multiple
+    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + L)) + 15) / 16 * 16;
   }
-  __device__ static StepSmem carve(float* base, int L, int N) {
+  __device__ static StepSmem carve(float* base, int L, int N, int windows) {
     StepSmem s;
     s.B = base;
     s.C = s.B + L * N;
-    s.Cr = s.C + kMaxWindow * N;
-    s.dot = s.Cr + kMaxWindow * N;
+    s.Cr = s.C + windows * N;
+    s.dot = s.Cr + windows * N;
     return s;
   }
 };
@@ -598,9 +599,9 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
   const int c = after.committed, m = c + W;
 
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N);
+  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW);
   const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
-  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW);
   const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
   auto issue = [&](int u) {
     issue_unit<kMode, ActT>(p, sec, after, vs, stages + (u % kVerifyStages) * vs.bytes, b,
@@ -665,9 +666,13 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
     }
   }
 
-  const int per_value = rm.lanes / kW;  // lanes holding each reduced value
-  const int j_out = rm.lane_in_row / per_value;
-  const bool writer = j_out < W && rm.lane_in_row % per_value == 0;
+  // One reduction serves kBatch = 8 / kW rows: value q * kW + j is row q's y_j, so a lane
+  // reduces 8 values in lanes - 1 shuffles however small W is, and the writers are spread over
+  // the lanes (lane_in_row / per_value is the value a lane ends up holding).
+  constexpr int kBatch = 8 / kW;
+  const int per_value = rm.lanes / 8;
+  const int v_out = rm.lane_in_row / per_value, q_out = v_out / kW, j_out = v_out % kW;
+  const bool writer = rm.lane_in_row % per_value == 0 && j_out < W;
   float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
   float dec[kW];           // exp(A L_i)
   float dl_next[kEntries];
@@ -724,29 +729,35 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
     uint8_t* stage = stages + (u % kVerifyStages) * vs.bytes;
     const SlotSections view = vs.view(stage);
     const ActT* xs = static_cast<const ActT*>(view.ring_x);
-    for (int r0 = 0; r0 < vs.rows; r0 += rm.rows_per_pass) {
-      const int rr = r0 + threadIdx.x / rm.lanes, rc = min(rr, vs.rows - 1);
-      RawChunk raw;
-      load_raw8<kMode>(view, rc, rm.n0, N, false, raw);
-      float v[8];
-      const float scale = decode_raw8<kMode>(raw, false, v);
-      float xk[kEntries];
+    const int slot_row = threadIdx.x / rm.lanes;  // the thread's row within a pass
+    for (int r0 = 0; r0 < vs.rows; r0 += kBatch * rm.rows_per_pass) {
+      float part[8];
 #pragma unroll
-      for (int t = 0; t < kEntries; ++t) {
-        const int k = rm.lane_in_row + t * rm.lanes;
-        xk[t] = k < m ? act_f32(xs[k * vs.x_pitch + rc], p.act_f16) : 0.f;
+      for (int q = 0; q < kBatch; ++q) {
+        const int rc = min(r0 + q * rm.rows_per_pass + slot_row, vs.rows - 1);
+        RawChunk raw;
+        load_raw8<kMode>(view, rc, rm.n0, N, false, raw);
+        float v[8];
+        const float scale = decode_raw8<kMode>(raw, false, v);
+        float xk[kEntries];
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t) {
+          const int k = rm.lane_in_row + t * rm.lanes;
+          xk[t] = k < m ? act_f32(xs[k * vs.x_pitch + rc], p.act_f16) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kW; ++j) {
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s += v[i] * cr[j][i];
+          float acc = dec[j] * scale * s;
+#pragma unroll
+          for (int t = 0; t < kEntries; ++t) acc += wk[t][j] * xk[t];
+          part[q * kW + j] = acc;
+        }
       }
-      float part[kW];
-#pragma unroll
-      for (int j = 0; j < kW; ++j) {
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s += v[i] * cr[j][i];
-        part[j] = dec[j] * scale * s;
-#pragma unroll
-        for (int t = 0; t < kEntries; ++t) part[j] += wk[t][j] * xk[t];
-      }
-      const float y = row_sum_values<kW>(part, rm.lane_in_row, rm.lanes);
+      const float y = row_sum_values<8>(part, rm.lane_in_row, rm.lanes);
+      const int rr = r0 + q_out * rm.rows_per_pass + slot_row;
       if (writer && rr < vs.rows)
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
