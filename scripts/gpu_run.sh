@@ -65,6 +65,6 @@ if has profile; then
   done
 fi
 if has drift; then
-  step drift 500 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
+  step drift 150 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
 fi
 exit $rc
