@@ -4,7 +4,8 @@
 #include <cstring>
 
 #include "cuda/cuda_backend.h"
-#include "cuda/replay_kernels.cuh"
+#include "cuda/replay_launch.h"
+#include "cuda/slot_kernels.cuh"
 
 namespace replayssm {
 
@@ -44,43 +45,6 @@ struct DeviceFree {
 };
 template <typename T>
 using DevicePtr = std::unique_ptr<T, DeviceFree>;
-
-// Calls f.template operator()<kMode, ActT>() for the runtime mode and activation type.
-template <typename F>
-void dispatch(Mode mode, DType act, F&& f) {
-  auto with_act = [&](auto mode_tag) {
-    constexpr Mode kMode = decltype(mode_tag)::value;
-    if (act == DType::f32)
-      f.template operator()<kMode, float>();
-    else
-      f.template operator()<kMode, uint16_t>();  // bf16 or fp16, told apart by act_f16
-  };
-  switch (mode) {
-    case Mode::fp32:
-      return with_act(std::integral_constant<Mode, Mode::fp32>{});
-    case Mode::bf16:
-      return with_act(std::integral_constant<Mode, Mode::bf16>{});
-    case Mode::fp16:
-      return with_act(std::integral_constant<Mode, Mode::fp16>{});
-    case Mode::fp16_sr:
-      return with_act(std::integral_constant<Mode, Mode::fp16_sr>{});
-    case Mode::shared_fp8:
-      return with_act(std::integral_constant<Mode, Mode::shared_fp8>{});
-    case Mode::shared_int8:
-      return with_act(std::integral_constant<Mode, Mode::shared_int8>{});
-    case Mode::separate_fp8:
-      return with_act(std::integral_constant<Mode, Mode::separate_fp8>{});
-    case Mode::separate_nvfp4:
-      return with_act(std::integral_constant<Mode, Mode::separate_nvfp4>{});
-  }
-}
-
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    RSSM_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 const char* error_text(int32_t code) {
   switch (code) {
@@ -226,14 +190,13 @@ class CudaBackend final : public CacheBackend {
     check(batch.tokens >= 1, "cuda backend: prefill needs at least one token, got ", batch.tokens);
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
-    const DType act = config_.activation_dtype;
-    dispatch(config_.mode, act, [&]<Mode kMode, typename ActT>() {
+    const cuda::LaunchConfig lc = launch_config();
+    cuda::with_act(lc, [&]<typename ActT>() {
       cuda::validate_tokens_kernel<ActT>
           <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
-      allow_smem(cuda::prefill_kernel<kMode, ActT>, smem_fold_);
-      cuda::prefill_kernel<kMode, ActT>
-          <<<p.batch * p.H, cuda::kStepThreads, smem_fold_, stream_>>>(p);
     });
+    cuda::with_mode(config_.mode,
+                    [&]<Mode kMode>() { cuda::ModeLaunchers<kMode>::prefill(p, lc); });
     cuda::prefill_finalize_kernel<<<(p.batch + 127) / 128, 128, 0, stream_>>>(p);
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
@@ -245,11 +208,16 @@ class CudaBackend final : public CacheBackend {
     ReplayParams p = token_params(batch);
     p.list_flushes = true;
     RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
-    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
+    const cuda::LaunchConfig lc = launch_config();
+    cuda::with_act(lc, [&]<typename ActT>() {
       cuda::validate_tokens_kernel<ActT>
           <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
-      launch_flush<kMode, ActT>(p);
-      launch_verify<kMode, ActT>(p);
+    });
+    cuda::with_mode(config_.mode, [&]<Mode kMode>() {
+      cuda::ModeLaunchers<kMode>::flush(p, lc);
+      cuda::ModeLaunchers<kMode>::verify(p, lc);
+    });
+    cuda::with_act(lc, [&]<typename ActT>() {
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -276,8 +244,9 @@ class CudaBackend final : public CacheBackend {
     p.status = status_.get();
     RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
     cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
-    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      launch_flush<kMode, ActT>(p);
+    const cuda::LaunchConfig lc = launch_config();
+    cuda::with_mode(config_.mode, [&]<Mode kMode>() { cuda::ModeLaunchers<kMode>::flush(p, lc); });
+    cuda::with_act(lc, [&]<typename ActT>() {
       cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -415,60 +384,15 @@ class CudaBackend final : public CacheBackend {
     return p;
   }
 
-  // The flushing entries listed by the validate kernel: a fixed grid (as many blocks as fit on
-  // the device at once) strides over the (entry, head) items, so the launch does not depend on
-  // how many entries flush.
-  template <Mode kMode, typename ActT>
-  void launch_flush(const ReplayParams& p) {
-    auto kernel = cuda::flush_kernel<kMode, ActT>;
-    allow_smem(kernel, smem_fold_);
-    if (flush_grid_ == 0) {
-      int per_sm = 0;
-      RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, kernel, cuda::kFlushThreads, smem_fold_));
-      flush_grid_ = std::max(1, per_sm) * sm_count_;
-    }
-    kernel<<<std::min(p.batch * p.H, flush_grid_), cuda::kFlushThreads, smem_fold_, stream_>>>(p);
-  }
-
-  // Every entry of the batch, one block per (entry, group, chunk of heads), specialised for the
-  // window rounded up to 1, 4 or 8 (the readout keeps C_j of every j in registers) and for the
-  // ring entries per lane. A block serves as many heads of its group as keeps >= 4 blocks per SM.
-  template <Mode kMode, typename ActT>
-  void launch_verify(ReplayParams p) {
-    const int per_group = shape_.nheads / shape_.ngroups;
-    p.heads_per_block = 1;
-    for (int d = per_group; d > 1; --d)
-      if (per_group % d == 0 && int64_t(p.batch) * shape_.nheads / d >= 4 * sm_count_) {
-        p.heads_per_block = d;
-        break;
-      }
-    const int blocks = p.batch * shape_.nheads / p.heads_per_block;
-    auto run = [&](auto kernel, int windows) {
-      const size_t smem =
-          cuda::StepSmem::bytes(config_.history, shape_.dstate, windows) + verify_stage_bytes_;
-      allow_smem(kernel, smem);
-      kernel<<<blocks, cuda::kVerifyThreads, smem, stream_>>>(p);
-    };
-    auto with_window = [&]<int kEntries>() {
-      if (p.tokens == 1)
-        run(cuda::verify_kernel<kMode, ActT, 1, kEntries>, 1);
-      else if (p.tokens <= 4)
-        run(cuda::verify_kernel<kMode, ActT, 4, kEntries>, 4);
-      else
-        run(cuda::verify_kernel<kMode, ActT, 8, kEntries>, 8);
-    };
-    if (entries_per_lane_ == 1)
-      with_window.template operator()<1>();
-    else
-      with_window.template operator()<2>();
+  cuda::LaunchConfig launch_config() const {
+    return cuda::LaunchConfig{
+        stream_,    sm_count_,           entries_per_lane_, config_.activation_dtype == DType::f32,
+        smem_fold_, verify_stage_bytes_, &flush_grid_};
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {
-    dispatch(config_.mode, config_.activation_dtype, [&]<Mode kMode, typename ActT>() {
-      allow_smem(cuda::dense_kernel<kMode, ActT>, smem_fold_);
-      cuda::dense_kernel<kMode, ActT>
-          <<<shape_.nheads, cuda::kStepThreads, smem_fold_, stream_>>>(p, slot, encode);
+    cuda::with_mode(config_.mode, [&]<Mode kMode>() {
+      cuda::ModeLaunchers<kMode>::dense(p, launch_config(), slot, encode);
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
@@ -493,8 +417,8 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
-  int flush_grid_ = 0;        // blocks of flush_kernel resident on the device at once
-  int entries_per_lane_ = 1;  // ring entries per lane of a row in verify_kernel
+  mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once
+  int entries_per_lane_ = 1;    // ring entries per lane of a row in verify_kernel
 };
 
 }  // namespace

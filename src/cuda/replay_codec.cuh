@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include "cache/checkpoint_codec.h"
+#include "cache/layout.h"
 #include "cuda/cuda_common.cuh"
 
 namespace replayssm::cuda {

@@ -1,0 +1,86 @@
+// Definitions of ModeLaunchers (replay_launch.h), included by the per-mode translation units in
+// src/cuda/modes/ only.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/replay_launch.h"
+
+namespace replayssm::cuda {
+
+template <typename Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    RSSM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <Mode kMode>
+void ModeLaunchers<kMode>::prefill(const ReplayParams& p, const LaunchConfig& lc) {
+  with_act(lc, [&]<typename ActT>() {
+    allow_dynamic_smem(prefill_kernel<kMode, ActT>, lc.smem_fold);
+    prefill_kernel<kMode, ActT><<<p.batch * p.H, kStepThreads, lc.smem_fold, lc.stream>>>(p);
+  });
+}
+
+// A fixed grid (as many blocks as fit on the device at once) strides over the listed (entry,
+// head) items, so the launch does not depend on how many entries flush.
+template <Mode kMode>
+void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) {
+  with_act(lc, [&]<typename ActT>() {
+    auto kernel = flush_kernel<kMode, ActT>;
+    allow_dynamic_smem(kernel, lc.smem_fold);
+    if (*lc.flush_grid == 0) {
+      int per_sm = 0;
+      RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFlushThreads,
+                                                                    lc.smem_fold));
+      *lc.flush_grid = std::max(1, per_sm) * lc.sm_count;
+    }
+    kernel<<<std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, lc.stream>>>(p);
+  });
+}
+
+// One block per (entry, group, chunk of heads), specialised for the window rounded up to 1, 4 or
+// 8 (the readout keeps C_j of every j in registers) and for the ring entries per lane. A block
+// serves as many heads of its group as keeps >= 4 blocks per SM.
+template <Mode kMode>
+void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
+  const int per_group = p.H / p.G;
+  p.heads_per_block = 1;
+  for (int d = per_group; d > 1; --d)
+    if (per_group % d == 0 && int64_t(p.batch) * p.H / d >= 4 * lc.sm_count) {
+      p.heads_per_block = d;
+      break;
+    }
+  const int blocks = p.batch * p.H / p.heads_per_block;
+  auto run = [&](auto kernel, int windows) {
+    const size_t smem = StepSmem::bytes(p.L, p.N, windows) + lc.verify_stage_bytes;
+    allow_dynamic_smem(kernel, smem);
+    kernel<<<blocks, kVerifyThreads, smem, lc.stream>>>(p);
+  };
+  with_act(lc, [&]<typename ActT>() {
+    auto with_window = [&]<int kEntries>() {
+      if (p.tokens == 1)
+        run(verify_kernel<kMode, ActT, 1, kEntries>, 1);
+      else if (p.tokens <= 4)
+        run(verify_kernel<kMode, ActT, 4, kEntries>, 4);
+      else
+        run(verify_kernel<kMode, ActT, 8, kEntries>, 8);
+    };
+    if (lc.entries_per_lane == 1)
+      with_window.template operator()<1>();
+    else
+      with_window.template operator()<2>();
+  });
+}
+
+template <Mode kMode>
+void ModeLaunchers<kMode>::dense(const ReplayParams& p, const LaunchConfig& lc, int slot,
+                                 bool encode) {
+  with_act(lc, [&]<typename ActT>() {
+    allow_dynamic_smem(dense_kernel<kMode, ActT>, lc.smem_fold);
+    dense_kernel<kMode, ActT><<<p.H, kStepThreads, lc.smem_fold, lc.stream>>>(p, slot, encode);
+  });
+}
+
+}  // namespace replayssm::cuda

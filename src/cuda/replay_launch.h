@@ -1,0 +1,77 @@
+// Host launchers of the replay kernels that are specialised per checkpoint mode. Each mode's
+// instantiations are compiled in their own translation unit (src/cuda/modes/<mode>.cu, which
+// includes replay_launch.cuh), so the eight modes build in parallel; cuda_backend.cu only calls
+// these functions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/replay_kernels.cuh"
+
+namespace replayssm::cuda {
+
+// What the launchers need to know about the backend beyond ReplayParams.
+struct LaunchConfig {
+  cudaStream_t stream;
+  int sm_count;
+  int entries_per_lane;       // ring entries per lane of a row in verify_kernel (1 or 2)
+  bool act_f32;               // activations in fp32 (else bf16 / fp16, told apart by act_f16)
+  size_t smem_fold;           // flush, prefill, dense
+  size_t verify_stage_bytes;  // verify_kernel's checkpoint staging (all stages)
+  int* flush_grid;            // cached grid of flush_kernel, 0 until the first launch
+};
+
+template <Mode kMode>
+struct ModeLaunchers {
+  // validate_tokens, then the fold, per-token fp32 recurrence and encode of every entry.
+  static void prefill(const ReplayParams& p, const LaunchConfig& lc);
+  // The entries the validate kernel listed: fold + encode (flush_kernel).
+  static void flush(const ReplayParams& p, const LaunchConfig& lc);
+  // Every entry: readout, ring term, y, ring x/delta append (verify_kernel).
+  static void verify(ReplayParams p, const LaunchConfig& lc);
+  // state(slot, at) into p.dense, or (encode) p.dense into the slot's checkpoints.
+  static void dense(const ReplayParams& p, const LaunchConfig& lc, int slot, bool encode);
+};
+
+extern template struct ModeLaunchers<Mode::fp32>;
+extern template struct ModeLaunchers<Mode::bf16>;
+extern template struct ModeLaunchers<Mode::fp16>;
+extern template struct ModeLaunchers<Mode::fp16_sr>;
+extern template struct ModeLaunchers<Mode::shared_fp8>;
+extern template struct ModeLaunchers<Mode::shared_int8>;
+extern template struct ModeLaunchers<Mode::separate_fp8>;
+extern template struct ModeLaunchers<Mode::separate_nvfp4>;
+
+// Calls f.template operator()<ActT>() for the activation type of the launch.
+template <typename F>
+void with_act(const LaunchConfig& lc, F&& f) {
+  if (lc.act_f32)
+    f.template operator()<float>();
+  else
+    f.template operator()<uint16_t>();  // bf16 or fp16, told apart by ReplayParams::act_f16
+}
+
+// Calls f.template operator()<kMode>() for the runtime mode.
+template <typename F>
+void with_mode(Mode mode, F&& f) {
+  switch (mode) {
+    case Mode::fp32:
+      return f.template operator()<Mode::fp32>();
+    case Mode::bf16:
+      return f.template operator()<Mode::bf16>();
+    case Mode::fp16:
+      return f.template operator()<Mode::fp16>();
+    case Mode::fp16_sr:
+      return f.template operator()<Mode::fp16_sr>();
+    case Mode::shared_fp8:
+      return f.template operator()<Mode::shared_fp8>();
+    case Mode::shared_int8:
+      return f.template operator()<Mode::shared_int8>();
+    case Mode::separate_fp8:
+      return f.template operator()<Mode::separate_fp8>();
+    case Mode::separate_nvfp4:
+      return f.template operator()<Mode::separate_nvfp4>();
+  }
+}
+
+}  // namespace replayssm::cuda
