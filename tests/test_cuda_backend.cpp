@@ -324,6 +324,66 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// A batch large enough that verify_kernel serves several heads of a group per block (the chunk
+// grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
+// gives 4 heads per block), which the small batches above never reach.
+TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{16, 16, 64, 2};
+  const int B = 192;
+  const size_t per_token = size_t(shape.nheads) * shape.headdim;
+  for (Mode mode : {Mode::fp32, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    std::mt19937_64 rng(4242 + int(mode));
+    const LayerParams params = random_params(shape, rng);
+    CacheConfig cfg;
+    cfg.mode = mode;
+    cfg.num_slots = B;
+    cfg.seed = 7;
+    ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+    ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+    std::vector<int32_t> slots(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      slots[b] = b;
+      cpu.open(b, 100 + uint64_t(b));
+      gpu.open(b, 100 + uint64_t(b));
+    }
+    std::shuffle(slots.begin(), slots.end(), rng);
+    DeviceBytes dslots(slots);
+    const TensorView hs = host_view(slots.data(), DType::i32, {B});
+    const TensorView ds = dview(dslots.ptr, DType::i32, {B});
+    double worst_y = 0;
+    for (int step = 0; step < 40; ++step) {
+      const int W = step < 20 ? 1 : 1 + int(rng() % 8);  // autoregressive, then speculative
+      Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
+      DeviceTokens dt(shape, tk);
+      std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
+      cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
+                 host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
+      gpu.verify(ds, dt.vx(shape, DType::bf16), dt.vB(shape, DType::bf16),
+                 dt.vC(shape, DType::bf16), dt.vdt(shape), dt.vy(shape));
+      const double e = rel_l2(dt.y.download<float>(ycpu.size()), ycpu);
+      EXPECT_LT(e, y_tolerance(mode)) << mode_name(mode) << " step " << step << " W " << W;
+      worst_y = std::max(worst_y, e);
+      std::vector<int32_t> accepted(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
+      DeviceBytes dacc(accepted);
+      cpu.commit(hs, host_view(accepted.data(), DType::i32, {B}));
+      gpu.commit(ds, dview(dacc.ptr, DType::i32, {B}));
+    }
+    double worst_state = 0;
+    for (int b = 0; b < B; b += 7) {
+      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(b), gpu.impl().read_slot(b));
+      EXPECT_TRUE(d.cursors_equal) << "slot " << b;
+      EXPECT_TRUE(d.ring_equal) << "slot " << b;
+      worst_state = std::max(worst_state, rel_l2(gpu.state(b), cpu.state(b)));
+    }
+    EXPECT_LT(worst_state, mode == Mode::fp32 ? 1e-5 : 1e-3) << mode_name(mode);
+    EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
+    std::printf("[cuda-vs-cpu] large batch mode %s: worst y rel %.3g, worst state rel %.3g\n",
+                mode_name(mode), worst_y, worst_state);
+  }
+}
+
 TEST(CudaBackend, ImportStateMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   const SsmShape shape{4, 16, 128, 2};
