@@ -288,6 +288,13 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   return bad;
 }
 
+// Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.
+__device__ __forceinline__ void add_encode_stats(const ReplayParams& p, int saturated,
+                                                 int nonfinite) {
+  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+}
+
 // Thread mapping of the row kernels: a row (h, p) of N elements is held by N/8 consecutive lanes,
 // 8 elements each; a block covers rows_per_pass rows per pass and keeps `rows` passes (a row
 // group) in registers so that all their loads are in flight together.
@@ -365,8 +372,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       if (row[r] < P) saturated += sat, nonfinite += bad;
     }
   }
-  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+  add_encode_stats(p, saturated, nonfinite);
 }
 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
@@ -701,19 +707,17 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
   stage_fold<ActT>(p, sec, cur, cur.committed, h, g, f);
   __syncthreads();
   const float A = p.head.A[h], D = p.head.D[h];
-  const int lanes = p.lanes_per_row;
-  const int lane_in_row = threadIdx.x % lanes;
-  const int n0 = lane_in_row * 8;
-  const int rows_per_pass = blockDim.x / lanes;
+  const RowMap rm(p.lanes_per_row, kStepRows);
+  const int lanes = rm.lanes, lane_in_row = rm.lane_in_row, n0 = rm.n0;
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
   int nonfinite = 0;
-  for (int base = 0; base < P; base += rows_per_pass * kStepRows) {
+  for (int base = 0; base < P; base += rm.rows_per_group) {
     float v[kStepRows][8];
     int prow[kStepRows];
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
-      prow[r] = base + r * rows_per_pass + threadIdx.x / lanes;
+      prow[r] = rm.row(base, r);
       const int pr = min(prow[r], P - 1);
       load_rec8<kMode>(sec, int64_t(h) * P + pr, n0, N, v[r]);
       fold8(v[r], f, cur.committed, pr, n0, N, P);
@@ -755,8 +759,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
       if (prow[r] < P) saturated += sat;
     }
   }
-  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+  add_encode_stats(p, saturated, nonfinite);
 }
 
 // state(slot, at): dense [H, P, N] fp32 = fold(decode(rec), entries 0..at-1). Block per head.
@@ -773,15 +776,13 @@ __global__ void __launch_bounds__(kStepThreads)
   const int at = encode ? 0 : p.at;
   if (!encode) stage_fold<ActT>(p, sec, cur, at, h, h / (H / G), f);
   __syncthreads();
-  const int lanes = p.lanes_per_row;
-  const int lane_in_row = threadIdx.x % lanes;
-  const int n0 = lane_in_row * 8;
-  const int rows_per_pass = blockDim.x / lanes;
+  const RowMap rm(p.lanes_per_row, 1);
+  const int lanes = rm.lanes, lane_in_row = rm.lane_in_row, n0 = rm.n0;
   const SrContext sr = make_sr(p, cur);
   int saturated = 0;
   int nonfinite = 0;
-  for (int base = 0; base < P; base += rows_per_pass) {
-    const int prow = base + threadIdx.x / lanes;
+  for (int base = 0; base < P; base += rm.rows_per_pass) {
+    const int prow = rm.row(base, 0);
     const int pr = min(prow, P - 1);
     const int64_t row = int64_t(h) * P + pr;
     float v[8];
@@ -799,8 +800,7 @@ __global__ void __launch_bounds__(kStepThreads)
       if (prow < P) store8_f32(p.dense + row * N + n0, v);
     }
   }
-  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
-  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+  add_encode_stats(p, saturated, nonfinite);
 }
 
 }  // namespace replayssm::cuda
