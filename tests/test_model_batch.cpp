@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -250,6 +251,7 @@ TEST(GenerateBatch, PlainGreedyEqualsGenerate) {
   EXPECT_EQ(st.passes, opt.max_new_tokens - 1);
   EXPECT_EQ(st.steps, int(prompts.size()) * (opt.max_new_tokens - 1));
   EXPECT_EQ(st.drafted, 0);
+  EXPECT_EQ(st.padded, 0);
   EXPECT_EQ(st.generated, int(prompts.size()) * opt.max_new_tokens);
   // Every slot was released.
   for (int s = 0; s < rc.num_slots; ++s) EXPECT_FALSE(model.cache(0).is_open(s));
@@ -278,6 +280,7 @@ TEST(GenerateBatch, SpeculativeGreedyEqualsGenerate) {
     GenerateOptions plain = opt;
     plain.draft_max = 0;
     int64_t steps_alone = 0;
+    uint64_t flushes_alone = 0;
     size_t shortest = size_t(opt.max_new_tokens), longest = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       GenerateOptions one = opt;
@@ -286,12 +289,21 @@ TEST(GenerateBatch, SpeculativeGreedyEqualsGenerate) {
       EXPECT_EQ(outs[i], generate(model, prompts[i], one, nullptr, &st_one)) << "prompt " << i;
       EXPECT_EQ(outs[i], alone(model, prompts[i], plain, i)) << "prompt " << i;
       steps_alone += st_one.steps;
+      flushes_alone += st_one.flushes;
       shortest = std::min(shortest, outs[i].size());
       longest = std::max(longest, outs[i].size());
     }
     EXPECT_GT(st.accepted, 0);
     EXPECT_EQ(st.steps, steps_alone);  // each request took the windows it takes alone
     EXPECT_LT(st.passes, st.steps);
+    EXPECT_GT(st.padded, 0) << "windows of different sizes should share passes";
+    // Reported: padding moves flush points (more flushes than the requests make alone).
+    std::printf(
+        "eos %d: %d passes for %d windows, %lld padded positions, flushes %llu batched vs "
+        "%llu alone\n",
+        eos, st.passes, st.steps, static_cast<long long>(st.padded),
+        static_cast<unsigned long long>(st.flushes),
+        static_cast<unsigned long long>(flushes_alone));
     if (eos >= 0) {
       EXPECT_LT(shortest, longest) << "requests should end at different passes";
     }

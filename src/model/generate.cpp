@@ -346,6 +346,7 @@ std::vector<std::vector<int32_t>> generate_batch(Mamba2Model& model,
       slots.push_back(guard.slots[i]);
       tokens.insert(tokens.end(), window.begin(), window.end());
       tokens.insert(tokens.end(), size_t(W) - window.size(), window.back());
+      st.padded += W - int64_t(window.size());
     }
     model.verify_batch(slots, tokens, W, logits);  // [S, W, V]
     ++st.passes;

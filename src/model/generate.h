@@ -65,6 +65,7 @@ struct GenerateStats {
   double decode_seconds = 0;  // everything after the prefill
   int steps = 0;              // verify windows (one per request and pass)
   int passes = 0;             // verify passes through the model (generate: = steps)
+  int64_t padded = 0;         // generate_batch: window positions that only pad to the batch's W
   int64_t drafted = 0;        // draft tokens proposed and verified
   int64_t accepted = 0;       // of those, accepted
   uint64_t flushes = 0;       // checkpoint flushes of layer 0 during decoding (all slots)
