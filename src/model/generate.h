@@ -87,8 +87,10 @@ std::vector<int32_t> generate(Mamba2Model& model, std::span<const int32_t> promp
 // windows padded with copies of their last token (never accepted: a request accepts at most its
 // own drafts), acceptance per request exactly as generate(), one commit_batch. Request i runs in
 // a slot with request id options.request_id + i and samples from its own stream,
-// mt19937_64(request_seed(options.sampling.seed, i)); in the fp32 mode its tokens are generate()'s
-// with that seed and request id. stats sums over the requests (steps: windows, passes: batches).
+// mt19937_64(request_seed(options.sampling.seed, i)). In the fp32 mode its logits are
+// generate()'s with that seed and request id up to rounding where padding moves a flush (a slot
+// flushes when c + W > history with the batch's W), so its tokens are generate()'s except at a
+// near-tie (none in the tests). stats sums over the requests (steps: windows, passes: batches).
 std::vector<std::vector<int32_t>> generate_batch(Mamba2Model& model,
                                                  std::span<const std::vector<int32_t>> prompts,
                                                  const GenerateOptions& options,
