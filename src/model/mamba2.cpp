@@ -309,8 +309,8 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
     Cp = C16_.data();
   }
 
-  // 4. The SSM through the replay cache, all S slots in one call: y [S, T, H, P] fp32, D x
-  // included.
+  // 4. The SSM through the replay cache, one call for all S slots (the checkpoint reads of a
+  // batch are the traffic batching exists to share): y [S, T, H, P] fp32, D x included.
   const DType act = runner_.activation_dtype;
   y_.resize(size_t(R * d_inner));
   // On the CUDA backend the token tensors are staged to the device and y comes back; the GEMMs,
