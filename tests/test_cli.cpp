@@ -181,6 +181,36 @@ TEST_F(Cli, GenRunCheck) {
   EXPECT_NE(r.out.find(y), std::string::npos) << r.out;
 }
 
+// Several -p: one batch (generate_batch), one line per prompt, "INDEX: TEXT" with control
+// characters escaped; each line holds what a run with that prompt alone prints (greedy, fp32).
+TEST_F(Cli, GenerateBatchPrintsOneLinePerPrompt) {
+  const std::vector<std::string> prompts = {"def area(r): return", "import os, sys",
+                                            "for i in range(3): print("};
+  std::string args = "generate -n 64 --draft-max 3 --threads 1";
+  for (const std::string& p : prompts) args += " -p '" + p + "'";
+  const Result batch = run(args);
+  ASSERT_EQ(batch.code, 0) << batch.err;
+  EXPECT_NE(batch.err.find("batch of 3"), std::string::npos) << batch.err;
+  std::string expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Result one = run("generate -n 64 --draft-max 3 --threads 1 -p '" + prompts[i] + "'");
+    ASSERT_EQ(one.code, 0) << one.err;
+    std::string line = std::to_string(i) + ": ";
+    for (const char ch : one.out) {
+      if (ch == '\n') {
+        line += "\\n";
+      } else if (ch == '\\') {
+        line += "\\\\";
+      } else {
+        ASSERT_TRUE(static_cast<unsigned char>(ch) >= 0x20) << "test covers \\n and \\ only";
+        line += ch;
+      }
+    }
+    expected += line + "\n";
+  }
+  EXPECT_EQ(batch.out, expected);
+}
+
 TEST_F(Cli, CheckpointInspectAndConvert) {
   // Find a seed whose trace exports a slot (exports are random lifecycle ops).
   std::string out;

@@ -27,7 +27,7 @@ constexpr int64_t kSmallModelParams = 50'000'000;
 
 struct GenerateArgs {
   std::string model_dir;
-  std::string prompt;
+  std::vector<std::string> prompts;  // several -p: a batch (generate_batch), one line each
   std::string prompt_file;
   int max_new_tokens = 128;
   ModeArgs mode;
@@ -75,10 +75,32 @@ void run_synthetic(const GenerateArgs& args, const model::RunnerConfig& rc_in) {
              r.mean_accepted_length(), opt.mean_accepted_length, r.steps, r.flushes);
 }
 
+// TEXT on one line: backslash, and control bytes as \n, \t, \r or \xNN (UTF-8 kept).
+std::string escape_line(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (ch == '\\') {
+      out += "\\\\";
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else if (b < 0x20 || b == 0x7f) {
+      out += fmt::format("\\x{:02x}", b);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 void run_generate(const GenerateArgs& args) {
   using clock = std::chrono::steady_clock;
   if (!args.synthetic.empty()) {
-    check(args.model_dir.empty() && args.prompt.empty() && args.prompt_file.empty(),
+    check(args.model_dir.empty() && args.prompts.empty() && args.prompt_file.empty(),
           "--synthetic uses random weights and a random prompt: drop -m, -p and -f");
   }
   model::RunnerConfig rc;
@@ -103,26 +125,32 @@ void run_generate(const GenerateArgs& args) {
   const std::unique_ptr<model::Tokenizer> tokenizer = model::load_tokenizer(dir, weights->config);
   const double load_seconds = std::chrono::duration<double>(clock::now() - t_load).count();
 
-  check(!args.prompt.empty() || !args.prompt_file.empty(),
+  check(!args.prompts.empty() || !args.prompt_file.empty(),
         "no prompt: give it with -p TEXT or -f FILE");
-  std::string text = args.prompt;
+  std::vector<std::string> texts = args.prompts;
   if (!args.prompt_file.empty()) {
     const std::vector<uint8_t> bytes = io::read_file_bytes(args.prompt_file);
-    text.assign(bytes.begin(), bytes.end());
+    texts.assign(1, std::string(bytes.begin(), bytes.end()));
   }
-  check(!text.empty(), "the prompt is empty (-p TEXT or -f FILE)");
+  const bool batch = texts.size() > 1;
+  if (batch) rc.num_slots = int(texts.size());
   // A small model decodes fastest on one thread: its steps are shorter than a thread team's
   // wake-up, and on a busy machine spinning teams cost 10-20x (measured on the built-in model).
   if (args.threads == 0 && weights->parameter_count() < kSmallModelParams) rc.threads = 1;
   model::Mamba2Model runner(weights, rc);
   if (!args.capture.empty()) runner.capture_layer(args.capture_layer);
 
-  const std::vector<int32_t> prompt = tokenizer->encode(text);
-  check(!prompt.empty(), "the prompt encodes to no tokens");
-  for (int32_t id : prompt)
-    check(id >= 0 && id < weights->config.vocab_size, "prompt token id ", id,
-          " is outside the model's vocabulary (", weights->config.vocab_size,
-          "): tokenizer and model do not match");
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string which = batch ? fmt::format("prompt {}", i) : std::string("the prompt");
+    check(!texts[i].empty(), which, " is empty (-p TEXT or -f FILE)");
+    prompts.push_back(tokenizer->encode(texts[i]));
+    check(!prompts.back().empty(), which, " encodes to no tokens");
+    for (int32_t id : prompts.back())
+      check(id >= 0 && id < weights->config.vocab_size, "prompt token id ", id,
+            " is outside the model's vocabulary (", weights->config.vocab_size,
+            "): tokenizer and model do not match");
+  }
 
   model::GenerateOptions opt;
   opt.max_new_tokens = args.max_new_tokens;
@@ -135,26 +163,42 @@ void run_generate(const GenerateArgs& args) {
   opt.eos_token_id = args.ignore_eos ? -1 : weights->config.eos_token_id;
 
   model::GenerateStats stats;
-  const std::vector<int32_t> out = model::generate(
-      runner, prompt, opt,
-      [&](std::span<const int32_t> tokens) {
-        for (int32_t id : tokens) {
-          const std::string bytes = tokenizer->decode(id);
-          std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-        }
-        std::fflush(stdout);
-      },
-      &stats);
-  if (isatty(fileno(stdout))) std::fputc('\n', stdout);
+  if (batch) {
+    // Several requests decode together, so their text cannot stream: each completion is printed
+    // at the end on one line, "INDEX: TEXT", with control characters escaped to keep it one line.
+    const std::vector<std::vector<int32_t>> outs =
+        model::generate_batch(runner, prompts, opt, &stats);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::string text;
+      for (int32_t id : outs[i]) text += tokenizer->decode(id);
+      fmt::print(stdout, "{}: {}\n", i, escape_line(text));
+    }
+  } else {
+    model::generate(
+        runner, prompts.front(), opt,
+        [&](std::span<const int32_t> tokens) {
+          for (int32_t id : tokens) {
+            const std::string bytes = tokenizer->decode(id);
+            std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+          }
+          std::fflush(stdout);
+        },
+        &stats);
+    if (isatty(fileno(stdout))) std::fputc('\n', stdout);
+  }
   std::fflush(stdout);
 
   fmt::print(stderr,
-             "[generate] {} ({}, {:.2f}M params, load {:.2f}s) | mode {} | prompt {} tok, "
+             "[generate] {} ({}, {:.2f}M params, load {:.2f}s) | mode {} | {}prompt {} tok, "
              "prefill {:.1f} tok/s | {} tok in {:.2f}s: {:.1f} tok/s | drafts <= {}: mean "
              "accepted length {:.2f}, acceptance {:.1f}% ({}/{}), {} verify steps | flushes {} "
              "per layer\n",
              dir, tokenizer->name(), double(weights->parameter_count()) / 1e6, load_seconds,
-             mode_name(rc.mode), stats.prompt_tokens,
+             mode_name(rc.mode),
+             batch ? fmt::format("batch of {}, {} passes, {} padded | ", prompts.size(),
+                                 stats.passes, stats.padded)
+                   : std::string(),
+             stats.prompt_tokens,
              stats.prefill_seconds > 0 ? stats.prompt_tokens / stats.prefill_seconds : 0.0,
              stats.generated, stats.decode_seconds, stats.decode_tokens_per_second(),
              args.draft_max, stats.mean_accepted_length(), 100.0 * stats.acceptance_rate(),
@@ -177,7 +221,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("-m,--model", args->model_dir,
                   "model directory: config.json + model.safetensors (or a sharded index) + "
                   "tokenizer.json; default: the built-in model");
-  auto* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text");
+  auto* prompt = cmd->add_option("-p,--prompt", args->prompts,
+                                 "prompt text; several -p decode as one batch and print each "
+                                 "completion on one line, INDEX: TEXT (escaped)");
   auto* prompt_file =
       cmd->add_option("-f,--prompt-file", args->prompt_file, "read the prompt from a file");
   prompt->excludes(prompt_file);

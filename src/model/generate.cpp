@@ -109,44 +109,156 @@ double GenerateStats::acceptance_rate() const {
   return drafted > 0 ? double(accepted) / double(drafted) : 0.0;
 }
 
+uint64_t request_seed(uint64_t seed, size_t index) {
+  if (index == 0) return seed;
+  // splitmix64 of (seed, index): well-separated streams for neighbouring seeds and indices.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * uint64_t(index);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+namespace {
+
+void validate_options(const Mamba2Model& model, const GenerateOptions& options, const char* op) {
+  options.sampling.validate();
+  check(options.max_new_tokens >= 0, op, ": max new tokens must be >= 0, got ",
+        options.max_new_tokens);
+  const int max_drafts = model.runner_config().max_window - 1;
+  check(options.draft_max >= 0 && options.draft_max <= max_drafts, op, ": draft-max ",
+        options.draft_max, " is outside 0..", max_drafts, " (max_window ",
+        model.runner_config().max_window, " = 1 + drafts; SPEC allows at most history/2)");
+}
+
+// The decoding state of one request, shared by generate() and generate_batch(): its output and
+// history, its random stream, and the acceptance rule (header comment). The caller runs the model.
+class Request {
+ public:
+  using Emit = std::function<void(std::span<const int32_t>)>;
+  Request(std::span<const int32_t> prompt, const GenerateOptions& options, uint64_t seed, int V,
+          const Emit* emit)
+      : opt_(options), V_(V), rng_(seed), emit_(emit), history_(prompt.begin(), prompt.end()) {}
+
+  const std::vector<int32_t>& out() const { return out_; }
+  std::vector<int32_t>& take_out() { return out_; }
+  bool active() const { return running_ && int(out_.size()) < opt_.max_new_tokens; }
+
+  // The first token, from the last prompt position's logits row [V].
+  void start(const float* row) {
+    last_ = choose(row);
+    running_ = push(std::span<const int32_t>(&last_, 1));
+  }
+
+  // The next window [last token, drafts...]. A window of k drafts yields at most k + 1 tokens:
+  // never draft past the requested length.
+  const std::vector<int32_t>& propose() {
+    const int room = opt_.max_new_tokens - int(out_.size()) - 1;
+    const std::vector<int32_t> drafts =
+        opt_.drafter.propose(history_, std::min(opt_.draft_max, room));
+    window_.assign(1, last_);
+    window_.insert(window_.end(), drafts.begin(), drafts.end());
+    return window_;
+  }
+  const std::vector<int32_t>& window() const { return window_; }
+  int drafts() const { return int(window_.size()) - 1; }
+
+  // Decides the tokens of the proposed window from its logits [>= window size, V] (row j predicts
+  // the token after window[j]; rows past the window are ignored), emits them, and returns how many
+  // window tokens to commit (1 + accepted drafts).
+  int accept(const float* logits) {
+    fresh_.clear();
+    int accepted = 1;  // the window's first token is already part of the output
+    bool rejected = false;
+    for (int i = 0; i < drafts(); ++i) {
+      const float* row = logits + size_t(i) * size_t(V_);
+      const int32_t d = window_[size_t(i) + 1];
+      bool ok;
+      if (opt_.sampling.greedy()) {
+        ok = argmax(row, V_) == d;
+      } else {
+        sampling_distribution(row, V_, opt_.sampling, probs_);
+        ok = uniform() < double(probs_[size_t(d)]);
+        if (!ok) probs_[size_t(d)] = 0.0f;  // residual max(0, p - onehot(d)), renormalised
+      }
+      if (ok) {
+        fresh_.push_back(d);
+        ++accepted;
+        continue;
+      }
+      fresh_.push_back(opt_.sampling.greedy() ? int32_t(argmax(row, V_))
+                                              : int32_t(sample_index(probs_, uniform())));
+      rejected = true;
+      break;
+    }
+    if (!rejected) fresh_.push_back(choose(logits + size_t(drafts()) * size_t(V_)));
+    last_ = fresh_.back();
+    running_ = push(fresh_);
+    return accepted;
+  }
+
+ private:
+  double uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+  int32_t choose(const float* row) {
+    if (opt_.sampling.greedy()) return int32_t(argmax(row, V_));
+    sampling_distribution(row, V_, opt_.sampling, probs_);
+    return int32_t(sample_index(probs_, uniform()));
+  }
+  // Appends tokens up to EOS (not included) to the output; false once EOS is reached.
+  bool push(std::span<const int32_t> tokens) {
+    size_t n = tokens.size();
+    bool stop = false;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] == opt_.eos_token_id) {
+        n = i;
+        stop = true;
+        break;
+      }
+    }
+    out_.insert(out_.end(), tokens.begin(), tokens.begin() + int64_t(n));
+    history_.insert(history_.end(), tokens.begin(), tokens.begin() + int64_t(n));
+    if (n > 0 && emit_ && *emit_) (*emit_)(tokens.subspan(0, n));
+    return !stop;
+  }
+
+  const GenerateOptions& opt_;
+  int V_;
+  std::mt19937_64 rng_;
+  const Emit* emit_;
+  std::vector<int32_t> history_;  // prompt ++ output: what the drafter searches
+  std::vector<int32_t> out_;
+  std::vector<int32_t> window_, fresh_;
+  std::vector<float> probs_;
+  int32_t last_ = 0;
+  bool running_ = true;
+};
+
+// Releases the model's slots however generation ends.
+struct SlotGuard {
+  Mamba2Model& model;
+  std::vector<int> slots;
+  ~SlotGuard() {
+    for (int s : slots) model.release(s);
+  }
+};
+
+}  // namespace
+
 std::vector<int32_t> generate(Mamba2Model& model, std::span<const int32_t> prompt,
                               const GenerateOptions& options,
                               const std::function<void(std::span<const int32_t>)>& emit,
                               GenerateStats* stats) {
-  options.sampling.validate();
+  validate_options(model, options, "generate");
   check(!prompt.empty(), "generate: the prompt is empty (at least one token is needed)");
-  check(options.max_new_tokens >= 0, "generate: max new tokens must be >= 0, got ",
-        options.max_new_tokens);
-  const int max_drafts = model.runner_config().max_window - 1;
-  check(options.draft_max >= 0 && options.draft_max <= max_drafts, "generate: draft-max ",
-        options.draft_max, " is outside 0..", max_drafts, " (max_window ",
-        model.runner_config().max_window, " = 1 + drafts; SPEC allows at most history/2)");
   GenerateStats local;
   GenerateStats& st = stats ? *stats : local;
   st = GenerateStats{};
   st.prompt_tokens = int(prompt.size());
-  const int V = model.vocab_size();
-  const SamplingParams& sp = options.sampling;
-  std::mt19937_64 rng(sp.seed);
-  auto uniform = [&] { return double(rng() >> 11) * 0x1.0p-53; };
-  std::vector<float> probs;
-  auto choose = [&](const float* row) {
-    if (sp.greedy()) return int32_t(argmax(row, V));
-    sampling_distribution(row, V, sp, probs);
-    return int32_t(sample_index(probs, uniform()));
-  };
 
   using clock = std::chrono::steady_clock;
-  const int slot = model.open(options.request_id);
-  struct Release {
-    Mamba2Model& m;
-    int s;
-    ~Release() { m.release(s); }
-  } release{model, slot};
-
-  std::vector<int32_t> out;
-  if (options.max_new_tokens == 0) return out;
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  SlotGuard guard{model, {model.open(options.request_id)}};
+  const int slot = guard.slots.front();
+  if (options.max_new_tokens == 0) return {};
+  Request req(prompt, options, options.sampling.seed, model.vocab_size(), &emit);
   std::vector<float> logits;
   const auto t0 = clock::now();
   model.prefill(slot, prompt, logits);
@@ -154,69 +266,107 @@ std::vector<int32_t> generate(Mamba2Model& model, std::span<const int32_t> promp
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   const uint64_t flushes0 = model.flushes_per_layer();
 
-  auto push = [&](std::span<const int32_t> tokens) -> bool {  // false once EOS is reached
-    size_t n = tokens.size();
-    bool stop = false;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] == options.eos_token_id) {
-        n = i;
-        stop = true;
-        break;
-      }
-    }
-    out.insert(out.end(), tokens.begin(), tokens.begin() + int64_t(n));
-    history.insert(history.end(), tokens.begin(), tokens.begin() + int64_t(n));
-    if (n > 0 && emit) emit(tokens.subspan(0, n));
-    return !stop;
-  };
-
-  int32_t last = choose(logits.data());
-  bool running = push(std::span<const int32_t>(&last, 1));
-  std::vector<int32_t> window, fresh;
-  while (running && int(out.size()) < options.max_new_tokens) {
-    // A window of k drafts yields at most k + 1 tokens: never draft past the requested length.
-    const int room = options.max_new_tokens - int(out.size()) - 1;
-    const int k = std::min(options.draft_max, room);
-    const std::vector<int32_t> drafts = options.drafter.propose(history, k);
-    window.assign(1, last);
-    window.insert(window.end(), drafts.begin(), drafts.end());
+  req.start(logits.data());
+  while (req.active()) {
+    const std::vector<int32_t>& window = req.propose();
     model.verify(slot, window, logits);  // [W, V]; row j predicts the token after window[j]
     ++st.steps;
-    st.drafted += int64_t(drafts.size());
-    fresh.clear();
-    int accepted = 1;  // the window's first token is already part of the output
-    bool rejected = false;
-    for (size_t i = 0; i < drafts.size(); ++i) {
-      const float* row = logits.data() + i * size_t(V);
-      const int32_t d = drafts[i];
-      bool accept;
-      if (sp.greedy()) {
-        accept = argmax(row, V) == d;
-      } else {
-        sampling_distribution(row, V, sp, probs);
-        accept = uniform() < double(probs[size_t(d)]);
-        if (!accept) probs[size_t(d)] = 0.0f;  // residual max(0, p - onehot(d)), renormalised
-      }
-      if (accept) {
-        fresh.push_back(d);
-        ++accepted;
-        continue;
-      }
-      fresh.push_back(sp.greedy() ? int32_t(argmax(row, V))
-                                  : int32_t(sample_index(probs, uniform())));
-      rejected = true;
-      break;
-    }
-    if (!rejected) fresh.push_back(choose(logits.data() + drafts.size() * size_t(V)));
+    st.drafted += req.drafts();
+    const int accepted = req.accept(logits.data());
     model.commit(slot, accepted);
     st.accepted += accepted - 1;
-    last = fresh.back();
-    running = push(fresh);
+  }
+  st.passes = st.steps;
+  st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
+  st.generated = int(req.out().size());
+  st.flushes = model.flushes_per_layer() - flushes0;
+  return std::move(req.take_out());
+}
+
+std::vector<std::vector<int32_t>> generate_batch(Mamba2Model& model,
+                                                 std::span<const std::vector<int32_t>> prompts,
+                                                 const GenerateOptions& options,
+                                                 GenerateStats* stats) {
+  validate_options(model, options, "generate_batch");
+  check(!prompts.empty(), "generate_batch: no prompts");
+  for (size_t i = 0; i < prompts.size(); ++i)
+    check(!prompts[i].empty(), "generate_batch: prompt ", i,
+          " is empty (at least one token is needed)");
+  check(int64_t(prompts.size()) <= model.runner_config().num_slots,
+        "generate_batch: ", prompts.size(), " prompts need as many slots; the runner has ",
+        model.runner_config().num_slots);
+  GenerateStats local;
+  GenerateStats& st = stats ? *stats : local;
+  st = GenerateStats{};
+  const int V = model.vocab_size();
+  const size_t n = prompts.size();
+
+  using clock = std::chrono::steady_clock;
+  SlotGuard guard{model, {}};
+  for (size_t i = 0; i < n; ++i) guard.slots.push_back(model.open(options.request_id + i));
+  std::vector<std::vector<int32_t>> outs(n);
+  if (options.max_new_tokens == 0) return outs;
+  std::vector<Request> reqs;
+  reqs.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    reqs.emplace_back(prompts[i], options, request_seed(options.sampling.seed, i), V, nullptr);
+
+  // Prefill one request at a time: prompts differ in length, and a prefill is long enough that
+  // batching it buys little.
+  std::vector<float> logits;
+  const auto t0 = clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    st.prompt_tokens += int(prompts[i].size());
+    model.prefill(guard.slots[i], prompts[i], logits);
+    reqs[i].start(logits.data());
+  }
+  const auto t1 = clock::now();
+  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  const uint64_t flushes0 = model.flushes_per_layer();
+
+  std::vector<size_t> active;  // request indices in this pass
+  std::vector<int> slots, accepted;
+  std::vector<int32_t> tokens;  // [S, W]
+  for (;;) {
+    active.clear();
+    int W = 1;
+    for (size_t i = 0; i < n; ++i) {
+      if (!reqs[i].active()) continue;
+      active.push_back(i);
+      W = std::max(W, int(reqs[i].propose().size()));
+    }
+    if (active.empty()) break;
+    // One window size for the batch: shorter windows are padded with copies of their last token.
+    // Padding is causal-invisible to the real positions (row j sees tokens 0..j only) and is never
+    // accepted (accept() reads only the request's own drafts), so it costs compute, not results.
+    slots.clear();
+    tokens.clear();
+    for (size_t i : active) {
+      const std::vector<int32_t>& window = reqs[i].window();
+      slots.push_back(guard.slots[i]);
+      tokens.insert(tokens.end(), window.begin(), window.end());
+      tokens.insert(tokens.end(), size_t(W) - window.size(), window.back());
+      st.padded += W - int64_t(window.size());
+    }
+    model.verify_batch(slots, tokens, W, logits);  // [S, W, V]
+    ++st.passes;
+    accepted.clear();
+    for (size_t s = 0; s < active.size(); ++s) {
+      Request& req = reqs[active[s]];
+      ++st.steps;
+      st.drafted += req.drafts();
+      accepted.push_back(req.accept(logits.data() + s * size_t(W) * size_t(V)));
+      st.accepted += accepted.back() - 1;
+    }
+    model.commit_batch(slots, accepted);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();
-  st.generated = int(out.size());
   st.flushes = model.flushes_per_layer() - flushes0;
-  return out;
+  for (size_t i = 0; i < n; ++i) {
+    outs[i] = std::move(reqs[i].take_out());
+    st.generated += int(outs[i].size());
+  }
+  return outs;
 }
 
 }  // namespace replayssm::model

@@ -63,12 +63,14 @@ struct GenerateStats {
   int generated = 0;  // tokens emitted
   double prefill_seconds = 0;
   double decode_seconds = 0;  // everything after the prefill
-  int steps = 0;              // verify passes
+  int steps = 0;              // verify windows (one per request and pass)
+  int passes = 0;             // verify passes through the model (generate: = steps)
+  int64_t padded = 0;         // generate_batch: window positions that only pad to the batch's W
   int64_t drafted = 0;        // draft tokens proposed and verified
   int64_t accepted = 0;       // of those, accepted
-  uint64_t flushes = 0;       // checkpoint flushes per layer during decoding
+  uint64_t flushes = 0;       // checkpoint flushes of layer 0 during decoding (all slots)
   double decode_tokens_per_second() const;
-  double mean_accepted_length() const;  // tokens committed per verify pass (1 + accepted drafts)
+  double mean_accepted_length() const;  // tokens committed per window (1 + accepted drafts)
   double acceptance_rate() const;       // accepted / drafted
 };
 
@@ -78,5 +80,24 @@ std::vector<int32_t> generate(Mamba2Model& model, std::span<const int32_t> promp
                               const GenerateOptions& options,
                               const std::function<void(std::span<const int32_t>)>& emit,
                               GenerateStats* stats);
+
+// Generates from several prompts together, one slot each (released at the end); returns each
+// prompt's tokens. Each prompt is prefilled alone; then every pass verifies the windows of all
+// unfinished requests in one Mamba2Model::verify_batch: W = 1 + the most drafts among them, shorter
+// windows padded with copies of their last token (never accepted: a request accepts at most its
+// own drafts), acceptance per request exactly as generate(), one commit_batch. Request i runs in
+// a slot with request id options.request_id + i and samples from its own stream,
+// mt19937_64(request_seed(options.sampling.seed, i)). In the fp32 mode its logits are
+// generate()'s with that seed and request id up to rounding where padding moves a flush (a slot
+// flushes when c + W > history with the batch's W), so its tokens are generate()'s except at a
+// near-tie (none in the tests). stats sums over the requests (steps: windows, passes: batches).
+std::vector<std::vector<int32_t>> generate_batch(Mamba2Model& model,
+                                                 std::span<const std::vector<int32_t>> prompts,
+                                                 const GenerateOptions& options,
+                                                 GenerateStats* stats);
+
+// The sampling seed of request `index` of a batch: `seed` itself for index 0 (so a batch of one
+// samples as generate()), a splitmix64 mix of (seed, index) otherwise.
+uint64_t request_seed(uint64_t seed, size_t index);
 
 }  // namespace replayssm::model

@@ -67,6 +67,16 @@ void Mamba2Model::check_slot(int slot, const char* op) const {
         " is not open");
 }
 
+void Mamba2Model::check_batch(std::span<const int> slots, const char* op) const {
+  check(!slots.empty(), op, ": the slot list is empty");
+  std::vector<uint8_t> seen(size_t(runner_.num_slots), 0);
+  for (int slot : slots) {
+    check_slot(slot, op);
+    check(!seen[size_t(slot)], op, ": slot ", slot, " appears twice in one batch");
+    seen[size_t(slot)] = 1;
+  }
+}
+
 int Mamba2Model::open(uint64_t request_id) {
   const int slot = caches_.front().allocate(request_id);
   for (size_t l = 1; l < caches_.size(); ++l) caches_[l].open(slot, request_id);
@@ -101,10 +111,10 @@ void Mamba2Model::prefill(int slot, std::span<const int32_t> tokens, std::vector
     const bool last = start + size_t(T) == tokens.size();
     if (!all_logits && !last) {
       std::vector<float> none;
-      forward(slot, tokens.data() + start, T, Op::prefill, false, none);
+      forward({&slot, 1}, tokens.data() + start, T, Op::prefill, false, none);
       continue;
     }
-    forward(slot, tokens.data() + start, T, Op::prefill, all_logits, chunk_logits);
+    forward({&slot, 1}, tokens.data() + start, T, Op::prefill, all_logits, chunk_logits);
     if (all_logits) {
       std::copy(chunk_logits.begin(), chunk_logits.end(), logits.begin() + int64_t(start) * V);
     } else {
@@ -114,44 +124,64 @@ void Mamba2Model::prefill(int slot, std::span<const int32_t> tokens, std::vector
 }
 
 void Mamba2Model::verify(int slot, std::span<const int32_t> tokens, std::vector<float>& logits) {
-  check_slot(slot, "verify");
-  const int64_t W = int64_t(tokens.size());
-  check(W >= 1 && W <= runner_.max_window, "verify: window of ", W,
-        " tokens is outside 1..max_window (", runner_.max_window, ")");
-  check(pending_[size_t(slot)] == 0, "verify: slot ", slot,
-        " has an uncommitted verify window; commit it first");
-  forward(slot, tokens.data(), W, Op::verify, true, logits);
-  pending_[size_t(slot)] = int(W);
+  verify_batch({&slot, 1}, tokens, int(tokens.size()), logits);
 }
 
-void Mamba2Model::commit(int slot, int accepted) {
-  check_slot(slot, "commit");
-  const int W = pending_[size_t(slot)];
-  check(W > 0, "commit: slot ", slot, " has no verify window to commit");
-  check(accepted >= 1 && accepted <= W, "commit: accepted count ", accepted, " is outside 1..", W,
-        " (the window's size)");
-  const int32_t slot_i = slot, acc = accepted;
-  const TensorView slots = host_view(&slot_i, DType::i32, {1});
-  const TensorView counts = host_view(&acc, DType::i32, {1});
-  for (ReplayCache& cache : caches_) cache.commit(slots, counts);
+void Mamba2Model::commit(int slot, int accepted) { commit_batch({&slot, 1}, {&accepted, 1}); }
+
+void Mamba2Model::verify_batch(std::span<const int> slots, std::span<const int32_t> tokens, int W,
+                               std::vector<float>& logits) {
+  check_batch(slots, "verify");
+  check(W >= 1 && W <= runner_.max_window, "verify: window of ", W,
+        " tokens is outside 1..max_window (", runner_.max_window, ")");
+  check(tokens.size() == slots.size() * size_t(W), "verify: ", tokens.size(), " tokens for ",
+        slots.size(), " slots of window ", W,
+        " (expected slots x window = ", slots.size() * size_t(W), ")");
+  for (int slot : slots)
+    check(pending_[size_t(slot)] == 0, "verify: slot ", slot,
+          " has an uncommitted verify window; commit it first");
+  forward(slots, tokens.data(), W, Op::verify, true, logits);
+  for (int slot : slots) pending_[size_t(slot)] = W;
+}
+
+void Mamba2Model::commit_batch(std::span<const int> slots, std::span<const int> accepted) {
+  check_batch(slots, "commit");
+  check(accepted.size() == slots.size(), "commit: ", accepted.size(), " accepted counts for ",
+        slots.size(), " slots");
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const int W = pending_[size_t(slots[s])];
+    check(W > 0, "commit: slot ", slots[s], " has no verify window to commit");
+    check(accepted[s] >= 1 && accepted[s] <= W, "commit: accepted count ", accepted[s], " of slot ",
+          slots[s], " is outside 1..", W, " (the window's size)");
+  }
+  slot_ids_.assign(slots.begin(), slots.end());
+  const std::vector<int32_t> counts(accepted.begin(), accepted.end());
+  const int64_t S = int64_t(slots.size());
+  const TensorView slot_view = host_view(slot_ids_.data(), DType::i32, {S});
+  const TensorView count_view = host_view(counts.data(), DType::i32, {S});
+  for (ReplayCache& cache : caches_) cache.commit(slot_view, count_view);
   if (capture_layer_ >= 0) {
     io::TraceOp traced;
     traced.kind = io::OpKind::commit;
-    traced.slots = {slot};
-    traced.accepted = {accepted};
+    traced.slots.assign(slots.begin(), slots.end());
+    traced.accepted.assign(accepted.begin(), accepted.end());
     capture_.ops.push_back(std::move(traced));
   }
   // Conv history: the last K-1 inputs of (committed history ++ first `accepted` window inputs).
   const int64_t K1 = weights_->config.conv_kernel - 1, cd = weights_->config.conv_dim();
+  std::vector<float> seq;  // [K-1 + accepted, conv_dim]
   for (auto& layer : conv_) {
-    ConvState& s = layer[size_t(slot)];
-    std::vector<float> seq(size_t((K1 + accepted) * cd));
-    std::copy(s.committed.begin(), s.committed.end(), seq.begin());
-    std::copy(s.pending.begin(), s.pending.begin() + int64_t(accepted) * cd, seq.begin() + K1 * cd);
-    std::copy(seq.end() - K1 * cd, seq.end(), s.committed.begin());
-    s.pending_count = 0;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      ConvState& cs = layer[size_t(slots[s])];
+      seq.resize(size_t((K1 + accepted[s]) * cd));
+      std::copy(cs.committed.begin(), cs.committed.end(), seq.begin());
+      std::copy(cs.pending.begin(), cs.pending.begin() + int64_t(accepted[s]) * cd,
+                seq.begin() + K1 * cd);
+      std::copy(seq.end() - K1 * cd, seq.end(), cs.committed.begin());
+      cs.pending_count = 0;
+    }
   }
-  pending_[size_t(slot)] = 0;
+  for (int slot : slots) pending_[size_t(slot)] = 0;
 }
 
 void Mamba2Model::capture_layer(int layer) {
@@ -179,27 +209,33 @@ CacheStats Mamba2Model::stats() const {
 
 uint64_t Mamba2Model::flushes_per_layer() const { return caches_.front().stats().flushes; }
 
-void Mamba2Model::forward(int slot, const int32_t* tokens, int64_t T, Op op, bool all_logits,
-                          std::vector<float>& logits) {
+void Mamba2Model::forward(std::span<const int> slots, const int32_t* tokens, int64_t T, Op op,
+                          bool all_logits, std::vector<float>& logits) {
   const ModelConfig& c = weights_->config;
+  const int64_t S = int64_t(slots.size()), R = S * T;  // R rows: token t of slot s is s * T + t
   const int64_t d = c.hidden_size, V = c.vocab_size;
-  for (int64_t t = 0; t < T; ++t)
-    check(tokens[t] >= 0 && tokens[t] < V, "token id ", tokens[t], " at position ", t,
-          " is outside the vocabulary 0..", V - 1);
-  resid_.resize(size_t(T * d));
-  for (int64_t t = 0; t < T; ++t) weights_->embeddings.row_f32(tokens[t], resid_.data() + t * d);
-  for (int l = 0; l < c.num_layers; ++l) layer_forward(l, slot, T, op);
-  // Final norm and lm_head, only for the rows the caller needs.
-  const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
-  h_.resize(size_t(rows * d));
-  for (int64_t t = 0; t < rows; ++t)
-    rms_norm(resid_.data() + (first + t) * d, weights_->norm_f.data(), d, c.layer_norm_epsilon,
-             h_.data() + t * d);
-  logits.resize(size_t(rows * V));
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t id = tokens[s * T + t];
+      check(id >= 0 && id < V, "token id ", id, " at position ", t, " of slot ", slots[size_t(s)],
+            " is outside the vocabulary 0..", V - 1);
+    }
+  resid_.resize(size_t(R * d));  // [R, d]
+  for (int64_t r = 0; r < R; ++r) weights_->embeddings.row_f32(tokens[r], resid_.data() + r * d);
+  for (int l = 0; l < c.num_layers; ++l) layer_forward(l, slots, T, op);
+  // Final norm and lm_head, only for the rows the caller needs: all R, or each slot's last.
+  const int64_t rows = all_logits ? R : S;
+  h_.resize(size_t(rows * d));  // [rows, d]
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = all_logits ? i : i * T + T - 1;
+    rms_norm(resid_.data() + r * d, weights_->norm_f.data(), d, c.layer_norm_epsilon,
+             h_.data() + i * d);
+  }
+  logits.resize(size_t(rows * V));  // [rows, V]
   matmul(h_.data(), rows, weights_->head(), nullptr, logits.data());
 }
 
-void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
+void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T, Op op) {
   const ModelConfig& c = weights_->config;
   const LayerWeights& w = weights_->layers[size_t(layer)];
   const int64_t d = c.hidden_size, H = c.num_heads, P = c.head_dim, N = c.state_size,
@@ -208,49 +244,54 @@ void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
   const int64_t rows = w.in_proj.rows;
   const int64_t z_off = 2 * int64_t(weights_->d_mlp), xbc_off = z_off + d_inner,
                 dt_off = xbc_off + cd;
+  // All S slots' tokens are rows of one activation matrix: row s * T + t is token t of slots[s].
+  const int64_t S = int64_t(slots.size()), R = S * T;
 
-  // 1. Pre-norm and in_proj.
-  h_.resize(size_t(T * d));
-  for (int64_t t = 0; t < T; ++t)
-    rms_norm(resid_.data() + t * d, w.norm.data(), d, c.layer_norm_epsilon, h_.data() + t * d);
-  proj_.resize(size_t(T * rows));
-  matmul(h_.data(), T, w.in_proj, w.in_bias.empty() ? nullptr : w.in_bias.data(), proj_.data());
+  // 1. Pre-norm and in_proj over all R rows (one GEMM: each row's result is independent of R).
+  h_.resize(size_t(R * d));  // [R, d]
+  for (int64_t r = 0; r < R; ++r)
+    rms_norm(resid_.data() + r * d, w.norm.data(), d, c.layer_norm_epsilon, h_.data() + r * d);
+  proj_.resize(size_t(R * rows));  // [R, in_proj rows]: z, xBC, dt
+  matmul(h_.data(), R, w.in_proj, w.in_bias.empty() ? nullptr : w.in_bias.data(), proj_.data());
 
-  // 2. Causal depthwise conv1d over [K-1 history inputs ++ T new inputs], then SiLU.
-  ConvState& cs = conv_[size_t(layer)][size_t(slot)];
-  seq_.resize(size_t((K1 + T) * cd));  // [K-1 + T, conv_dim]
-  std::copy(cs.committed.begin(), cs.committed.end(), seq_.begin());
-  for (int64_t t = 0; t < T; ++t)
-    std::memcpy(seq_.data() + (K1 + t) * cd, proj_.data() + t * rows + xbc_off,
-                size_t(cd) * sizeof(float));
-  xbc_.resize(size_t(T * cd));
+  // 2. Causal depthwise conv1d per slot over [K-1 history inputs ++ T new inputs], then SiLU.
+  xbc_.resize(size_t(R * cd));         // [R, conv_dim]
+  seq_.resize(size_t((K1 + T) * cd));  // [K-1 + T, conv_dim], one slot at a time
+  for (int64_t s = 0; s < S; ++s) {
+    ConvState& cs = conv_[size_t(layer)][size_t(slots[size_t(s)])];
+    std::copy(cs.committed.begin(), cs.committed.end(), seq_.begin());
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(seq_.data() + (K1 + t) * cd, proj_.data() + (s * T + t) * rows + xbc_off,
+                  size_t(cd) * sizeof(float));
+    float* xbc = xbc_.data() + s * T * cd;  // [T, conv_dim] of this slot
 #pragma omp parallel for schedule(static) if (T * cd > 16384)
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t ch = 0; ch < cd; ++ch) {
-      float acc = w.conv_b[size_t(ch)];
-      for (int64_t i = 0; i < K; ++i)
-        acc += w.conv_w[size_t(ch * K + i)] * seq_[size_t((t + i) * cd + ch)];
-      xbc_[size_t(t * cd + ch)] = silu(acc);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t ch = 0; ch < cd; ++ch) {
+        float acc = w.conv_b[size_t(ch)];
+        for (int64_t i = 0; i < K; ++i)
+          acc += w.conv_w[size_t(ch * K + i)] * seq_[size_t((t + i) * cd + ch)];
+        xbc[t * cd + ch] = silu(acc);
+      }
+    }
+    if (op == Op::prefill) {
+      std::copy(seq_.end() - K1 * cd, seq_.end(), cs.committed.begin());
+    } else {
+      std::copy(seq_.begin() + K1 * cd, seq_.end(), cs.pending.begin());
+      cs.pending_count = int(T);
     }
   }
-  if (op == Op::prefill) {
-    std::copy(seq_.end() - K1 * cd, seq_.end(), cs.committed.begin());
-  } else {
-    std::copy(seq_.begin() + K1 * cd, seq_.end(), cs.pending.begin());
-    cs.pending_count = int(T);
-  }
 
-  // 3. Split into x [T, H, P], B [T, G, N], C [T, G, N] and raw dt [T, H].
-  x_.resize(size_t(T * d_inner));
-  B_.resize(size_t(T * G * N));
-  C_.resize(size_t(T * G * N));
-  dt_.resize(size_t(T * H));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* src = xbc_.data() + t * cd;
-    std::memcpy(x_.data() + t * d_inner, src, size_t(d_inner) * sizeof(float));
-    std::memcpy(B_.data() + t * G * N, src + d_inner, size_t(G * N) * sizeof(float));
-    std::memcpy(C_.data() + t * G * N, src + d_inner + G * N, size_t(G * N) * sizeof(float));
-    std::memcpy(dt_.data() + t * H, proj_.data() + t * rows + dt_off, size_t(H) * sizeof(float));
+  // 3. Split into x [R, H, P], B [R, G, N], C [R, G, N] and raw dt [R, H].
+  x_.resize(size_t(R * d_inner));
+  B_.resize(size_t(R * G * N));
+  C_.resize(size_t(R * G * N));
+  dt_.resize(size_t(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    const float* src = xbc_.data() + r * cd;
+    std::memcpy(x_.data() + r * d_inner, src, size_t(d_inner) * sizeof(float));
+    std::memcpy(B_.data() + r * G * N, src + d_inner, size_t(G * N) * sizeof(float));
+    std::memcpy(C_.data() + r * G * N, src + d_inner + G * N, size_t(G * N) * sizeof(float));
+    std::memcpy(dt_.data() + r * H, proj_.data() + r * rows + dt_off, size_t(H) * sizeof(float));
   }
   const void* xp = x_.data();
   const void* Bp = B_.data();
@@ -268,30 +309,33 @@ void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
     Cp = C16_.data();
   }
 
-  // 4. The SSM through the replay cache: y [T, H, P] fp32, D x included.
+  // 4. The SSM through the replay cache, one call for all S slots (the checkpoint reads of a
+  // batch are the traffic batching exists to share): y [S, T, H, P] fp32, D x included.
   const DType act = runner_.activation_dtype;
-  y_.resize(size_t(T * d_inner));
+  y_.resize(size_t(R * d_inner));
   // On the CUDA backend the token tensors are staged to the device and y comes back; the GEMMs,
   // conv and norms stay on the CPU (docs/model.md).
-  const int32_t slot_i = slot;
-  const TensorView slots = host_view(&slot_i, DType::i32, {1});
+  slot_ids_.assign(slots.begin(), slots.end());
+  const TensorView slot_view = host_view(slot_ids_.data(), DType::i32, {S});  // [S]
   const BackendKind be = runner_.backend;
-  const io::Staged xv(be, xp, act, {1, T, H, P});
-  const io::Staged Bv(be, Bp, act, {1, T, G, N});
-  const io::Staged Cv(be, Cp, act, {1, T, G, N});
-  const io::Staged dtv(be, dt_.data(), DType::f32, {1, T, H});
-  const io::Staged yv(be, y_.data(), DType::f32, {1, T, H, P});
+  const io::Staged xv(be, xp, act, {S, T, H, P});
+  const io::Staged Bv(be, Bp, act, {S, T, G, N});
+  const io::Staged Cv(be, Cp, act, {S, T, G, N});
+  const io::Staged dtv(be, dt_.data(), DType::f32, {S, T, H});
+  const io::Staged yv(be, y_.data(), DType::f32, {S, T, H, P});
   if (op == Op::prefill) {
-    caches_[size_t(layer)].prefill(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+    caches_[size_t(layer)].prefill(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
+                                   yv.view());
   } else {
-    caches_[size_t(layer)].verify(slots, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+    caches_[size_t(layer)].verify(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
+                                  yv.view());
   }
   if (layer == capture_layer_) {
     // The trace stores fp32 inputs; with bf16 activations they are the bf16-rounded values, which
     // the trace runner rounds again to the same bits.
     io::TraceOp traced;
     traced.kind = op == Op::prefill ? io::OpKind::prefill : io::OpKind::verify;
-    traced.slots = {slot};
+    traced.slots.assign(slots.begin(), slots.end());
     traced.window = int(T);
     traced.input = "in" + std::to_string(capture_.ops.size());
     io::TokenInputs& in = capture_.inputs[traced.input];
@@ -310,18 +354,18 @@ void Mamba2Model::layer_forward(int layer, int slot, int64_t T, Op op) {
   yv.copy_to_host(y_.data());
 
   // 5. Gated RMSNorm: norm(y * silu(z)) over groups of d_inner / norm_groups, then out_proj.
-  g_.resize(size_t(T * d_inner));
+  g_.resize(size_t(R * d_inner));  // [R, d_inner]
   const int64_t group = d_inner / c.norm_groups;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* z = proj_.data() + t * rows + z_off;
-    float* g = g_.data() + t * d_inner;
-    for (int64_t i = 0; i < d_inner; ++i) g[i] = y_[size_t(t * d_inner + i)] * silu(z[i]);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* z = proj_.data() + r * rows + z_off;
+    float* g = g_.data() + r * d_inner;
+    for (int64_t i = 0; i < d_inner; ++i) g[i] = y_[size_t(r * d_inner + i)] * silu(z[i]);
     for (int64_t g0 = 0; g0 < d_inner; g0 += group)
       rms_norm(g + g0, w.gated_norm.data() + g0, group, c.layer_norm_epsilon, g + g0);
   }
-  out_.resize(size_t(T * d));
-  matmul(g_.data(), T, w.out_proj, w.out_bias.empty() ? nullptr : w.out_bias.data(), out_.data());
-  for (int64_t i = 0; i < T * d; ++i) resid_[size_t(i)] += out_[size_t(i)];
+  out_.resize(size_t(R * d));  // [R, d]
+  matmul(g_.data(), R, w.out_proj, w.out_bias.empty() ? nullptr : w.out_bias.data(), out_.data());
+  for (int64_t i = 0; i < R * d; ++i) resid_[size_t(i)] += out_[size_t(i)];
 }
 
 }  // namespace replayssm::model

@@ -13,6 +13,10 @@
 // (ReplayCache::verify), commit(k) keeps the first k. The conv1d has its own rolling state: the
 // last K-1 committed inputs per slot plus the inputs of the pending window, so commit advances it
 // by exactly the accepted tokens and rejected drafts leave no trace.
+//
+// Batching: verify_batch runs the W-token windows of S slots through every layer in one pass
+// (GEMMs over S * W rows, one ReplayCache::verify per layer for all S slots); verify and commit
+// are its one-slot cases.
 #pragma once
 
 #include <cstdint>
@@ -64,10 +68,20 @@ class Mamba2Model {
   void prefill(int slot, std::span<const int32_t> tokens, std::vector<float>& logits,
                bool all_logits = false);
   // Runs W = tokens.size() tokens (1 <= W <= max_window) as pending entries; logits [W, V].
-  // Row j is the next-token distribution after tokens[0..j].
+  // Row j is the next-token distribution after tokens[0..j]. verify_batch with one slot.
   void verify(int slot, std::span<const int32_t> tokens, std::vector<float>& logits);
   // Keeps the first `accepted` tokens of the last verify (1..W) in every layer.
   void commit(int slot, int accepted);
+
+  // Runs a window of W tokens for each of S distinct open slots without a pending window
+  // (1 <= W <= max_window) in one pass through every layer. tokens [S, W] row-major; logits
+  // [S, W, V]: row (s, j) is slot s's next-token distribution after tokens (s, 0..j). Each slot's
+  // logits are bit-identical to a verify of that slot alone (matmul.h; the cache works per slot).
+  // Every input is checked before anything changes.
+  void verify_batch(std::span<const int> slots /*[S]*/, std::span<const int32_t> tokens /*[S, W]*/,
+                    int W, std::vector<float>& logits /*[S, W, V]*/);
+  // Keeps the first accepted[s] tokens (1..W of that slot's pending window) of each slot.
+  void commit_batch(std::span<const int> slots /*[S]*/, std::span<const int> accepted /*[S]*/);
 
   // Records every cache operation of `layer` (prefill, verify, commit) with its inputs as a trace
   // (docs/trace-format.md), so the layer's real SSM input stream can be replayed in any mode or
@@ -84,10 +98,13 @@ class Mamba2Model {
 
  private:
   enum class Op { prefill, verify };
-  void forward(int slot, const int32_t* tokens, int64_t T, Op op, bool all_logits,
-               std::vector<float>& logits);
-  void layer_forward(int layer, int slot, int64_t T, Op op);
+  // T tokens of each of S slots through every layer; row s * T + t of every activation is token t
+  // of slots[s]. logits: [S * T, V] when all_logits, else [S, V] (each slot's last token).
+  void forward(std::span<const int> slots /*[S]*/, const int32_t* tokens /*[S, T]*/, int64_t T,
+               Op op, bool all_logits, std::vector<float>& logits);
+  void layer_forward(int layer, std::span<const int> slots /*[S]*/, int64_t T, Op op);
   void check_slot(int slot, const char* op) const;
+  void check_batch(std::span<const int> slots, const char* op) const;  // open, distinct
 
   std::shared_ptr<const ModelWeights> weights_;
   RunnerConfig runner_;
@@ -101,6 +118,7 @@ class Mamba2Model {
   // Workspace, sized for the largest T seen.
   std::vector<float> resid_, h_, proj_, xbc_, seq_, x_, B_, C_, dt_, y_, g_, out_;
   std::vector<uint16_t> x16_, B16_, C16_;
+  std::vector<int32_t> slot_ids_;  // [S]: the cache's i32 slot list
 };
 
 }  // namespace replayssm::model
