@@ -4,17 +4,21 @@
 // sequence conv with zero left padding, no cache).
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/formats.h"
 #include "io/safetensors.h"
+#include "model/weights.h"
 
 namespace replayssm::testing {
 
@@ -224,5 +228,28 @@ inline std::vector<double> reference_logits(const TinyModel& m,
   }
   return logits;
 }
+
+// The tiny model written to a temporary folder and loaded back through the real loader; `tag`
+// keeps the folders of concurrently running tests apart.
+inline std::shared_ptr<const model::ModelWeights> load_tiny_weights(uint64_t seed,
+                                                                    const std::string& tag) {
+  const TinyModel m = make_tiny_model(TinySpec{}, seed);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("replayssm_test_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(seed));
+  write_tiny_model(m, dir.string(), false);
+  auto w = std::make_shared<const model::ModelWeights>(model::load_model(dir.string()));
+  std::filesystem::remove_all(dir);
+  return w;
+}
+
+#ifdef REPLAYSSM_SOURCE_DIR
+// The committed built-in model, loaded once per test process.
+inline std::shared_ptr<const model::ModelWeights> builtin_weights() {
+  static auto w = std::make_shared<const model::ModelWeights>(
+      model::load_model(std::string(REPLAYSSM_SOURCE_DIR) + "/models/mamba2-byte-2.7m"));
+  return w;
+}
+#endif
 
 }  // namespace replayssm::testing

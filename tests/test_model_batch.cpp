@@ -21,24 +21,10 @@
 namespace replayssm::model {
 namespace {
 
-namespace fs = std::filesystem;
-
 std::shared_ptr<const ModelWeights> tiny_weights(uint64_t seed) {
-  const testing::TinyModel m = testing::make_tiny_model(testing::TinySpec{}, seed);
-  const fs::path dir =
-      fs::temp_directory_path() /
-      ("replayssm_test_batch_" + std::to_string(::getpid()) + "_" + std::to_string(seed));
-  testing::write_tiny_model(m, dir.string(), false);
-  auto w = std::make_shared<const ModelWeights>(load_model(dir.string()));
-  fs::remove_all(dir);
-  return w;
+  return testing::load_tiny_weights(seed, "batch");
 }
-
-std::shared_ptr<const ModelWeights> builtin_weights() {
-  static auto w = std::make_shared<const ModelWeights>(
-      load_model(std::string(REPLAYSSM_SOURCE_DIR) + "/models/mamba2-byte-2.7m"));
-  return w;
-}
+using testing::builtin_weights;
 
 std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
   std::vector<int32_t> t(static_cast<size_t>(n));

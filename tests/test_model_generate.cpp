@@ -22,23 +22,10 @@
 namespace replayssm::model {
 namespace {
 
-namespace fs = std::filesystem;
-
 std::shared_ptr<const ModelWeights> tiny_weights(uint64_t seed, const std::string& name) {
-  const testing::TinyModel m = testing::make_tiny_model(testing::TinySpec{}, seed);
-  const fs::path dir =
-      fs::temp_directory_path() / ("replayssm_test_gen_" + std::to_string(::getpid()) + "_" + name);
-  testing::write_tiny_model(m, dir.string(), false);
-  auto w = std::make_shared<const ModelWeights>(load_model(dir.string()));
-  fs::remove_all(dir);
-  return w;
+  return testing::load_tiny_weights(seed, "gen_" + name);
 }
-
-std::shared_ptr<const ModelWeights> builtin_weights() {
-  static auto w = std::make_shared<const ModelWeights>(
-      load_model(std::string(REPLAYSSM_SOURCE_DIR) + "/models/mamba2-byte-2.7m"));
-  return w;
-}
+using testing::builtin_weights;
 
 std::vector<int32_t> bytes_of(const std::string& s) { return ByteTokenizer().encode(s); }
 
