@@ -47,13 +47,6 @@ __device__ __forceinline__ SlotSections slot_sections(const SlotGeometry& g, int
   return s;
 }
 
-__device__ __forceinline__ void load8_bytes(const uint8_t* p, uint8_t (&b)[8]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const uint8_t* q = reinterpret_cast<const uint8_t*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) b[i] = q[i];
-}
-
 // Eight e4m3 codes to fp32 through the hardware converter (exact: e4m3 -> fp16 -> fp32).
 __device__ __forceinline__ void e4m3x8_to_f32(const uint8_t (&c)[8], float (&v)[8]) {
 #pragma unroll
@@ -72,62 +65,6 @@ __device__ __forceinline__ void store8_bytes(uint8_t* p, const uint8_t (&b)[8]) 
 #pragma unroll
   for (int i = 0; i < 8; ++i) q[i] = b[i];
   *reinterpret_cast<uint2*>(p) = raw;
-}
-
-// Recurrence checkpoint, decoded to fp32: elements [n0, n0 + 8) of row `row` (= h * P + p).
-template <Mode kMode>
-__device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, int n0, int N,
-                                          float (&v)[8]) {
-  const int64_t e = row * N + n0;
-  if constexpr (kMode == Mode::fp32) {
-    load8(static_cast<const float*>(s.rec) + e, v);
-  } else if constexpr (kMode == Mode::bf16) {
-    load8(static_cast<const __nv_bfloat16*>(s.rec) + e, v);
-  } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
-    uint8_t c[8];
-    load8_bytes(static_cast<const uint8_t*>(s.rec) + e, c);
-    const float scale = s.rec_scale[row];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float code = kMode == Mode::shared_fp8 ? e4m3_to_f32(c[i])
-                                                   : static_cast<float>(static_cast<int8_t>(c[i]));
-      v[i] = __fmul_rn(code, scale);
-    }
-  } else {  // fp16, fp16-sr and the separate modes' carrier
-    load8(static_cast<const __half*>(s.rec) + e, v);
-  }
-}
-
-// Values of the read checkpoint and the row scale: y_row = scale * sum_n v[n] * C[n].
-template <Mode kMode>
-__device__ __forceinline__ float load_read8(const SlotSections& s, int64_t row, int n0, int N,
-                                            float (&v)[8]) {
-  const int64_t e = row * N + n0;
-  if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
-    uint8_t c[8];
-    load8_bytes(static_cast<const uint8_t*>(s.rec) + e, c);
-    if constexpr (kMode == Mode::shared_fp8) {
-      e4m3x8_to_f32(c, v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(c[i]));
-    }
-    return s.rec_scale[row];
-  } else if constexpr (kMode == Mode::separate_fp8) {
-    uint8_t c[8];
-    load8_bytes(s.read + e, c);
-    e4m3x8_to_f32(c, v);
-    return s.read_scale[row];
-  } else if constexpr (kMode == Mode::separate_nvfp4) {
-    const uint32_t packed = *reinterpret_cast<const uint32_t*>(s.read + e / 2);
-    const float d = e4m3_to_f32(s.read_block_scale[e / 16]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = e2m1_to_f32(uint8_t((packed >> (4 * i)) & 0xfu)) * d;
-    return s.read_scale[row];
-  } else {
-    load_rec8<kMode>(s, row, n0, N, v);
-    return 1.f;
-  }
 }
 
 // The raw bytes of one 8-element chunk of the recurrence (rec = true) or read checkpoint, loaded
@@ -172,8 +109,8 @@ __device__ __forceinline__ void load_raw8(const SlotSections& s, int64_t row, in
   }
 }
 
-// Values of a RawChunk: the decoded recurrence state (rec, returns 1) or the read values and the
-// row scale, exactly as load_rec8 / load_read8 compute them.
+// Values of a RawChunk: the decoded recurrence state (rec, returns 1), or the read values and
+// the row scale (y_row = scale * sum_n v[n] C[n]).
 template <Mode kMode>
 __device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float (&v)[8]) {
   const uint16_t* h = reinterpret_cast<const uint16_t*>(&c.lo);
@@ -221,6 +158,15 @@ __device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float 
     for (int i = 0; i < 8; ++i) v[i] = __half2float(__ushort_as_half(h[i]));
     return 1.f;
   }
+}
+
+// Recurrence checkpoint, decoded to fp32: elements [n0, n0 + 8) of row `row` (= h * P + p).
+template <Mode kMode>
+__device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, int n0, int N,
+                                          float (&v)[8]) {
+  RawChunk c;
+  load_raw8<kMode>(s, row, n0, N, true, c);
+  decode_raw8<kMode>(c, true, v);
 }
 
 // Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0).
@@ -311,7 +257,7 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
 
 // Writes elements [n0, n0+8) of row `row` of every checkpoint of the mode from the fp32 values
 // `v`. All lanes of the warp must call it (row reductions). Returns the values the readout
-// multiplies with C (rv) and the row scale, as load_read8 would return them from the new codes;
+// multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new codes;
 // adds the number of fp16-saturated elements to *saturated.
 template <Mode kMode>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
