@@ -10,8 +10,8 @@
 #include "core/formats.h"
 #include "io/staging.h"
 #include "model/matmul.h"
-#include "replayssm/standard_decode.h"
 #include "replayssm/error.h"
+#include "replayssm/standard_decode.h"
 
 namespace replayssm::model {
 
@@ -79,10 +79,8 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
     states_.push_back(std::make_unique<io::BackendBuffer>(
         runner_.backend, sdt, std::vector<int64_t>{S, c.num_heads, c.head_dim, c.state_size}));
     inter_.push_back(std::make_unique<io::BackendBuffer>(
-        runner_.backend, sdt,
-        std::vector<int64_t>{S * W, c.num_heads, c.head_dim, c.state_size}));
+        runner_.backend, sdt, std::vector<int64_t>{S * W, c.num_heads, c.head_dim, c.state_size}));
   }
-  inter_row_.assign(size_t(runner_.num_slots), 0);
   in_place_.assign(size_t(runner_.num_slots), 0);
   open_.assign(size_t(runner_.num_slots), 0);
   conv_.assign(size_t(c.num_layers), std::vector<ConvState>(size_t(runner_.num_slots)));
@@ -199,14 +197,14 @@ void Mamba2Model::commit_batch(std::span<const int> slots, std::span<const int> 
   const TensorView count_view = host_view(counts.data(), DType::i32, {S});
   for (ReplayCache& cache : caches_) cache.commit(slot_view, count_view);
   if (is_standard()) {
-    // The state after the last accepted token is intermediate row (first row + accepted - 1); a
+    // The state after the last accepted token is the slot's intermediate row accepted - 1; a
     // one-token window already updated the state in place.
-    const int64_t n = weights_->config.ssm_shape().state_elements();
+    const int64_t n = weights_->config.ssm_shape().state_elements(), W = runner_.max_window;
     for (size_t l = 0; l < states_.size(); ++l)
       for (size_t s = 0; s < slots.size(); ++s) {
         const size_t slot = size_t(slots[s]);
         if (in_place_[slot]) continue;
-        states_[l]->copy_from(*inter_[l], (inter_row_[slot] + accepted[s] - 1) * n,
+        states_[l]->copy_from(*inter_[l], (int64_t(slot) * W + accepted[s] - 1) * n,
                               int64_t(slot) * n, n);
       }
   }
@@ -416,16 +414,15 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
                      part(dtv, H), part(yv, H * P));
         if (n > 1) {
           const int64_t e = c.ssm_shape().state_elements();
-          const size_t slot = size_t(slots.front());
-          states_[size_t(layer)]->copy_from(*inter_[size_t(layer)], (inter_row_[slot] + n - 1) * e,
-                                            int64_t(slot) * e, e);
+          const int64_t slot = slots.front();
+          states_[size_t(layer)]->copy_from(*inter_[size_t(layer)], (slot * Wmax + n - 1) * e,
+                                            slot * e, e);
         }
       }
     } else {
       // A one-token window can only be committed whole (commit(1)), so it updates the state in
       // place: plain decoding without intermediate-state traffic, as serving engines run it.
-      standard_ssm(layer, slots, T, T == 1, xv.view(), Bv.view(), Cv.view(), dtv.view(),
-                   yv.view());
+      standard_ssm(layer, slots, T, T == 1, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
     }
   } else if (op == Op::prefill) {
     caches_[size_t(layer)].prefill(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
@@ -484,17 +481,31 @@ void Mamba2Model::standard_ssm(int layer, std::span<const int> slots, int64_t T,
   // The kernel reads the slot list on the device on CUDA (a no-op copy on the CPU).
   std::vector<int32_t> ids(slots.begin(), slots.end());
   const io::Staged slot_view(runner_.backend, ids.data(), DType::i32, {S});  // [S]
-  // Batch row s writes intermediate rows s * T .. s * T + T - 1 (inside [slots * max_window]
-  // since S <= slots and T <= max_window).
-  const io::BackendBuffer& inter = *inter_[size_t(layer)];
-  const TensorView iv = inter.slice(0, {S, T, c.num_heads, c.head_dim, c.state_size});
-  standard_decode(runner_.backend, c.ssm_shape(), layer_params_[size_t(layer)], sc,
-                  states_[size_t(layer)]->view(), slot_view.view(), x, B, C, dt, y,
-                  in_place ? nullptr : &iv);
-  for (int64_t s = 0; s < S; ++s) {
-    inter_row_[size_t(slots[size_t(s)])] = s * T;
-    in_place_[size_t(slots[size_t(s)])] = in_place ? 1 : 0;
+  for (int slot : slots) in_place_[size_t(slot)] = in_place ? 1 : 0;
+  const int64_t e = c.ssm_shape().state_elements(), Wmax = runner_.max_window;
+  const std::vector<int64_t> inter_shape{S, T, c.num_heads, c.head_dim, c.state_size};
+  io::BackendBuffer& inter = *inter_[size_t(layer)];
+  auto run = [&](const TensorView* iv) {
+    standard_decode(runner_.backend, c.ssm_shape(), layer_params_[size_t(layer)], sc,
+                    states_[size_t(layer)]->view(), slot_view.view(), x, B, C, dt, y, iv);
+  };
+  if (in_place) return run(nullptr);
+  // Slot s keeps its window's states in rows s * max_window + t, so that verifying other slots
+  // before its commit leaves them alone. The kernel writes batch row b's states contiguously
+  // ([S, T, ...]): one slot writes its rows directly; a batch of several goes through a scratch
+  // buffer and is copied to the slots' rows (an extra copy only batched verify pays).
+  if (S == 1) {
+    const TensorView iv = inter.slice(slots.front() * Wmax * e, inter_shape);
+    return run(&iv);
   }
+  if (!scratch_)
+    scratch_ = std::make_unique<io::BackendBuffer>(
+        runner_.backend, runner_.standard_state_dtype,
+        std::vector<int64_t>{runner_.num_slots * Wmax, c.num_heads, c.head_dim, c.state_size});
+  const TensorView iv = scratch_->slice(0, inter_shape);
+  run(&iv);
+  for (int64_t s = 0; s < S; ++s)
+    inter.copy_from(*scratch_, s * T * e, slots[size_t(s)] * Wmax * e, T * e);
 }
 
 }  // namespace replayssm::model

@@ -44,8 +44,8 @@ struct RunnerConfig {
   // The standard path's state dtype: f32 or bf16 (rounded to nearest after every state write).
   DType standard_state_dtype = DType::f32;
   Mode mode = Mode::fp32;  // the replay path's checkpoint mode
-  int history = 16;    // ring capacity per layer
-  int max_window = 8;  // 1 + the most drafts per verify
+  int history = 16;        // ring capacity per layer
+  int max_window = 8;      // 1 + the most drafts per verify
   int num_slots = 1;
   // x, B, C as stored in the ring. fp32 keeps the fp32 mode exact; the SPEC default is bf16.
   DType activation_dtype = DType::f32;
@@ -132,13 +132,13 @@ class Mamba2Model {
   std::vector<LayerParams> layer_params_;     // [layers]
   std::vector<std::vector<ConvState>> conv_;  // [layers][slots]
   std::vector<int> pending_;                  // [slots] W of the uncommitted verify, or 0
-  // Standard path: states_[l] [slots, H, P, N]; inter_[l] [slots * max_window, H, P, N] holding a
-  // verify's states after each token, slot s's window from row inter_row_[s]; in_place_[s] when
-  // the window (W = 1) updated the state directly.
+  // Standard path: states_[l] [slots, H, P, N]; inter_[l] [slots * max_window, H, P, N] holding
+  // the states after each token of slot s's verify window in rows s * max_window + t; in_place_[s]
+  // when its window (W = 1) updated the state directly. scratch_: batched verify's kernel output.
   std::vector<std::unique_ptr<io::BackendBuffer>> states_, inter_;
-  std::vector<int64_t> inter_row_;  // [slots]
-  std::vector<uint8_t> in_place_;   // [slots]
-  std::vector<uint8_t> open_;       // [slots] the standard path's open slots
+  std::unique_ptr<io::BackendBuffer> scratch_;
+  std::vector<uint8_t> in_place_;  // [slots]
+  std::vector<uint8_t> open_;      // [slots] the standard path's open slots
   int capture_layer_ = -1;
   io::Trace capture_;
 
