@@ -52,8 +52,8 @@ struct BenchArgs {
   std::string format = "md";
   // --e2e: the whole model, batch 1.
   bool e2e = false;
-  int prompt_len = 256;
-  int new_tokens = 64;
+  int prompt_len = 512;
+  int new_tokens = 128;
   int window = 8;
   int threads = 0;
 };
