@@ -322,5 +322,58 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   EXPECT_NE(run("bench --backend cpu --model nope").code, 0);
 }
 
+// bench --e2e on the CPU with the tiny preset: one row per configuration in order, every number
+// positive and finite, the same synthetic acceptance in every speculative row, the markdown table
+// with the same rows, and bad options failing with one line.
+TEST_F(Cli, BenchE2eReportsEveryConfiguration) {
+  const std::string args =
+      "bench --e2e --backend cpu --model tiny --prompt-len 20 --new-tokens 24 --window 8 "
+      "--accept-mean 4.3 --modes fp32,separate-nvfp4 --threads 1";
+  const Result r = run(args + " -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"], "tiny");
+  const std::vector<std::string> names = {"standard fp32 (plain decode)",
+                                          "standard bf16 (plain decode)", "standard fp32 W=8",
+                                          "replay fp32 W=8", "replay separate-nvfp4 W=8"};
+  ASSERT_EQ(j["rows"].size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto& row = j["rows"][i];
+    EXPECT_EQ(row["name"], names[i]);
+    for (const char* key : {"decode_tokens_per_s_per_user", "ms_per_token", "mean_accepted_length",
+                            "prefill_seconds", "speedup_vs_standard_fp32"}) {
+      const double v = row[key].get<double>();
+      EXPECT_TRUE(std::isfinite(v) && v > 0) << key << ": " << row.dump();
+    }
+    EXPECT_EQ(row["generated"], 24) << row.dump();
+    const double accepted = row["mean_accepted_length"].get<double>();
+    if (i < 2) {
+      EXPECT_EQ(row["window"], 1);
+      EXPECT_EQ(accepted, 1.0);
+    } else {
+      EXPECT_EQ(row["window"], 8);
+      EXPECT_GT(accepted, 1.0);
+      EXPECT_EQ(accepted, j["rows"][2]["mean_accepted_length"].get<double>());
+    }
+  }
+  EXPECT_EQ(j["rows"][0]["speedup_vs_standard_fp32"].get<double>(), 1.0);
+
+  const Result md = run(args);
+  ASSERT_EQ(md.code, 0) << md.err;
+  for (const std::string& name : names)
+    EXPECT_NE(md.out.find("| " + name + " |"), std::string::npos);
+  const Result csv = run(args + " -o csv");
+  ASSERT_EQ(csv.code, 0) << csv.err;
+  EXPECT_EQ(std::count(csv.out.begin(), csv.out.end(), '\n'), 1 + int(names.size()));
+
+  for (const char* bad : {"--window 1", "--window 9", "--accept-mean 9", "--shape 4,16,32,1",
+                          "--new-tokens 0", "--modes nope", "--model nope"}) {
+    const Result e =
+        run("bench --e2e --backend cpu --model tiny --new-tokens 4 " + std::string(bad));
+    EXPECT_NE(e.code, 0) << bad;
+    EXPECT_NE(e.err.find("rror"), std::string::npos) << bad << ": " << e.err;
+  }
+}
+
 }  // namespace
 }  // namespace replayssm

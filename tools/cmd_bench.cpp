@@ -2,6 +2,9 @@
 // in every requested mode, on the CPU or the GPU, in the manner of llama-bench (a markdown table,
 // or -o json|csv). Docs: docs/cli.md ("bench"); GPU results: bench/results/.
 //
+// `bench --e2e`: decode tokens per second per user of a whole model (random weights in a preset's
+// shape, src/model/synthetic.h) with the standard kernels and with the replay cache per mode.
+//
 // Bytes per step are modelled, not measured: the standard kernel reads and writes every state
 // (T = 1) or reads it once and writes T states; a replay step reads the read checkpoint of every
 // non-flushing slot, the recurrence checkpoint of every flushing slot plus all its checkpoint
@@ -21,6 +24,8 @@
 #include "cli_common.h"
 #include "core/act.h"
 #include "io/staging.h"
+#include "model/mamba2.h"
+#include "model/synthetic.h"
 #include "replayssm/error.h"
 #include "replayssm/presets.h"
 #include "replayssm/standard_decode.h"
@@ -32,7 +37,7 @@ namespace replayssm::cli {
 namespace {
 
 struct BenchArgs {
-  std::string model = "nemotron-h-8b";
+  std::string model;  // default: nemotron-h-8b (layer bench), mamba2-2.7b (--e2e)
   std::string shape;
   std::vector<int> batches{1, 8, 64};
   std::vector<std::string> modes{"fp32", "shared-fp8", "separate-fp8", "separate-nvfp4"};
@@ -45,6 +50,12 @@ struct BenchArgs {
   std::string backend = "auto";
   bool check = false;
   std::string format = "md";
+  // --e2e: the whole model, batch 1.
+  bool e2e = false;
+  int prompt_len = 512;
+  int new_tokens = 128;
+  int window = 8;
+  int threads = 0;
 };
 
 struct Row {
@@ -352,7 +363,8 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
 
 void run_bench(const BenchArgs& a) {
   Context cx{a,
-             a.shape.empty() ? find_preset(a.model).shape : parse_shape(a.shape),
+             a.shape.empty() ? find_preset(a.model.empty() ? "nemotron-h-8b" : a.model).shape
+                             : parse_shape(a.shape),
              {},
              resolve_backend(a.backend),
              DType::bf16,
@@ -393,14 +405,141 @@ void run_bench(const BenchArgs& a) {
   print_rows(a, cx, rows);
 }
 
+// One configuration of `bench --e2e`: a synthetic run (src/model/synthetic.h) of the whole model.
+struct E2eRow {
+  std::string name;
+  int window = 1;
+  model::SyntheticResult result;
+};
+
+// Decode tokens/s per user of a model with random weights: every row prefills the same random
+// prompt and generates the same number of tokens; speculative rows (W > 1) verify a full window
+// through every layer and the lm_head per step and commit the synthetic accepted count, the same
+// acceptance sequence in every row (same seed and window). x, B, C are bf16 in every row (the
+// SPEC's activation dtype; what a serving engine streams to the SSM kernels).
+void run_e2e(const BenchArgs& a) {
+  check(a.shape.empty(),
+        "bench --e2e builds a whole model from a preset: use --model, not --shape");
+  check(a.prompt_len >= 1 && a.new_tokens >= 1, "bench --e2e: --prompt-len and --new-tokens must ",
+        "be positive");
+  check(a.window >= 2 && a.window <= std::min(8, a.history / 2), "bench --e2e: --window ", a.window,
+        " is outside 2..", std::min(8, a.history / 2), " (1 + drafts; at most history/2)");
+  check(a.accept_mean >= 1.0 && a.accept_mean <= a.window, "bench --e2e: --accept-mean ",
+        a.accept_mean, " is outside [1, ", a.window, "]");
+  std::vector<Mode> modes;
+  for (const std::string& m : a.modes) modes.push_back(parse_mode(m));
+  const ModelPreset& preset = find_preset(a.model.empty() ? "mamba2-2.7b" : a.model);
+  const BackendKind backend = resolve_backend(a.backend);
+  const model::ModelConfig config = model::config_for_preset(preset);
+  auto weights = std::make_shared<const model::ModelWeights>(model::random_weights(config, a.seed));
+
+  model::RunnerConfig base;
+  base.history = a.history;
+  base.max_window = a.window;
+  base.activation_dtype = DType::bf16;
+  base.backend = backend;
+  base.seed = a.seed;
+  base.threads = a.threads;
+  std::vector<E2eRow> rows;
+  auto run = [&](const std::string& name, const model::RunnerConfig& rc, int W) {
+    fmt::print(stderr, "[bench --e2e] {} ...\n", name);
+    model::Mamba2Model runner(weights, rc);
+    model::SyntheticOptions opt;
+    opt.prompt_tokens = a.prompt_len;
+    opt.new_tokens = a.new_tokens;
+    opt.window = W;
+    opt.mean_accepted_length = W > 1 ? a.accept_mean : 1.0;
+    opt.seed = a.seed;
+    rows.push_back({name, W, model::run_synthetic(runner, opt)});
+  };
+  for (DType sdt : {DType::f32, DType::bf16}) {
+    model::RunnerConfig rc = base;
+    rc.ssm = model::SsmPath::standard;
+    rc.standard_state_dtype = sdt;
+    run(fmt::format("standard {} (plain decode)", dtype_name(sdt)), rc, 1);
+  }
+  {
+    // Standard kernels under speculative decoding: W intermediate states per verify.
+    model::RunnerConfig rc = base;
+    rc.ssm = model::SsmPath::standard;
+    run(fmt::format("standard fp32 W={}", a.window), rc, a.window);
+  }
+  for (Mode m : modes) {
+    model::RunnerConfig rc = base;
+    rc.mode = m;
+    run(fmt::format("replay {} W={}", mode_name(m), a.window), rc, a.window);
+  }
+
+  const double base_tps = rows.front().result.tokens_per_second();
+  auto speedup = [&](const E2eRow& r) {
+    return base_tps > 0 ? r.result.tokens_per_second() / base_tps : 0.0;
+  };
+  auto ms_per_token = [](const E2eRow& r) {
+    return r.result.generated ? 1e3 * r.result.decode_seconds / r.result.generated : 0.0;
+  };
+  const double params = double(weights->parameter_count());
+  if (a.format == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const E2eRow& r : rows)
+      out.push_back({{"name", r.name},
+                     {"window", r.window},
+                     {"decode_tokens_per_s_per_user", r.result.tokens_per_second()},
+                     {"ms_per_token", ms_per_token(r)},
+                     {"mean_accepted_length", r.result.mean_accepted_length()},
+                     {"prefill_seconds", r.result.prefill_seconds},
+                     {"decode_seconds", r.result.decode_seconds},
+                     {"generated", r.result.generated},
+                     {"verify_steps", r.result.steps},
+                     {"flushes_per_layer", r.result.flushes},
+                     {"speedup_vs_standard_fp32", speedup(r)}});
+    fmt::print("{}\n", nlohmann::json{{"backend", backend_name(backend)},
+                                      {"model", preset.name},
+                                      {"parameters", params},
+                                      {"batch", 1},
+                                      {"prompt_len", a.prompt_len},
+                                      {"new_tokens", a.new_tokens},
+                                      {"window", a.window},
+                                      {"accept_mean", a.accept_mean},
+                                      {"history", a.history},
+                                      {"rows", out}}
+                           .dump(2));
+    return;
+  }
+  if (a.format == "csv") {
+    fmt::print(
+        "name,window,decode_tokens_per_s_per_user,ms_per_token,mean_accepted_length,"
+        "prefill_seconds,speedup_vs_standard_fp32\n");
+    for (const E2eRow& r : rows)
+      fmt::print("{},{},{:.3f},{:.4f},{:.3f},{:.4f},{:.3f}\n", r.name, r.window,
+                 r.result.tokens_per_second(), ms_per_token(r), r.result.mean_accepted_length(),
+                 r.result.prefill_seconds, speedup(r));
+    return;
+  }
+  fmt::print(
+      "replayssm bench --e2e: {} backend, {} ({:.0f}M params, random weights), batch 1, prompt {} "
+      "tokens, {} new tokens, window {} with mean accepted length {:.2f} (synthetic), history "
+      "{}\n\n",
+      backend_name(backend), preset.name, params / 1e6, a.prompt_len, a.new_tokens, a.window,
+      a.accept_mean, a.history);
+  fmt::print(
+      "| configuration | decode tok/s/user | ms/token | mean accepted | prefill s | vs std fp32 "
+      "plain |\n|---|---:|---:|---:|---:|---:|\n");
+  for (const E2eRow& r : rows)
+    fmt::print("| {} | {:.1f} | {:.2f} | {:.2f} | {:.3f} | {:.2f}x |\n", r.name,
+               r.result.tokens_per_second(), ms_per_token(r), r.result.mean_accepted_length(),
+               r.result.prefill_seconds, speedup(r));
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* b = app.add_subcommand(
       "bench", "per layer-step time of the standard kernel and every replay mode");
-  b->add_option("--model", args->model, "layer shape preset: " + preset_names())
-      ->capture_default_str();
+  b->add_option("--model", args->model,
+                "layer shape preset (default nemotron-h-8b; with --e2e the model's preset, "
+                "default mamba2-2.7b): " +
+                    preset_names());
   b->add_option("--shape", args->shape, "H,P,N,G (instead of --model)");
   b->add_option("--batches", args->batches, "batch sizes")->delimiter(',')->capture_default_str();
   b->add_option("--modes", args->modes, "replay checkpoint modes")
@@ -422,7 +561,19 @@ void register_bench(CLI::App& app) {
               "first compare every replay configuration with the CPU reference");
   b->add_option("-o,--output", args->format, "md (default), json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));
-  b->callback([args] { run_bench(*args); });
+  b->add_flag("--e2e", args->e2e,
+              "end to end instead: decode tokens/s per user of a whole model with random weights "
+              "(batch 1), standard kernels next to each replay mode");
+  b->add_option("--prompt-len", args->prompt_len, "--e2e: prompt tokens (prefill)")
+      ->capture_default_str();
+  b->add_option("--new-tokens", args->new_tokens, "--e2e: generated tokens per configuration")
+      ->capture_default_str();
+  b->add_option("--window", args->window, "--e2e: verify window W = 1 + drafts")
+      ->capture_default_str();
+  b->add_option("--threads", args->threads, "--e2e: OpenMP threads; 0 = the OpenMP default")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  b->callback([args] { args->e2e ? run_e2e(*args) : run_bench(*args); });
 }
 
 }  // namespace replayssm::cli

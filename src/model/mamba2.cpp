@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/act.h"
 #include "core/formats.h"
 #include "io/staging.h"
 #include "model/matmul.h"
 #include "replayssm/error.h"
+#include "replayssm/standard_decode.h"
 
 namespace replayssm::model {
 
@@ -38,6 +40,17 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
         runner_.prefill_chunk);
   check(runner_.threads >= 0, "model runner: threads must be >= 0, got ", runner_.threads);
   if (runner_.threads > 0) omp_set_num_threads(runner_.threads);
+  check(runner_.num_slots >= 1, "model runner: num_slots must be at least 1, got ",
+        runner_.num_slots);
+  if (is_standard()) {
+    // Only what standard_decode offers and a serving engine stores: fp32 or bf16 states (f16 and
+    // stochastic rounding are replay checkpoint modes here).
+    check(runner_.standard_state_dtype == DType::f32 || runner_.standard_state_dtype == DType::bf16,
+          "model runner: the standard SSM path keeps fp32 or bf16 states, got ",
+          dtype_name(runner_.standard_state_dtype));
+    check(runner_.max_window >= 1, "model runner: max_window must be at least 1, got ",
+          runner_.max_window);
+  }
   caches_.reserve(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = weights_->layers[size_t(l)];
@@ -55,16 +68,29 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
     cc.activation_dtype = runner_.activation_dtype;
     cc.seed = runner_.seed;
     cc.layer = l;
-    caches_.emplace_back(c.ssm_shape(), params, cc, runner_.backend);
+    params.validate(c.ssm_shape());
     layer_params_.push_back(params);
+    if (!is_standard()) {
+      caches_.emplace_back(c.ssm_shape(), params, cc, runner_.backend);
+      continue;
+    }
+    const int64_t S = runner_.num_slots, W = runner_.max_window;
+    const DType sdt = runner_.standard_state_dtype;
+    states_.push_back(std::make_unique<io::BackendBuffer>(
+        runner_.backend, sdt, std::vector<int64_t>{S, c.num_heads, c.head_dim, c.state_size}));
+    inter_.push_back(std::make_unique<io::BackendBuffer>(
+        runner_.backend, sdt, std::vector<int64_t>{S * W, c.num_heads, c.head_dim, c.state_size}));
   }
+  in_place_.assign(size_t(runner_.num_slots), 0);
+  open_.assign(size_t(runner_.num_slots), 0);
   conv_.assign(size_t(c.num_layers), std::vector<ConvState>(size_t(runner_.num_slots)));
   pending_.assign(size_t(runner_.num_slots), 0);
 }
 
 void Mamba2Model::check_slot(int slot, const char* op) const {
-  check(slot >= 0 && slot < runner_.num_slots && caches_.front().is_open(slot), op, ": slot ", slot,
-        " is not open");
+  const bool open = slot >= 0 && slot < runner_.num_slots &&
+                    (is_standard() ? open_[size_t(slot)] != 0 : caches_.front().is_open(slot));
+  check(open, op, ": slot ", slot, " is not open");
 }
 
 void Mamba2Model::check_batch(std::span<const int> slots, const char* op) const {
@@ -78,9 +104,18 @@ void Mamba2Model::check_batch(std::span<const int> slots, const char* op) const 
 }
 
 int Mamba2Model::open(uint64_t request_id) {
-  const int slot = caches_.front().allocate(request_id);
-  for (size_t l = 1; l < caches_.size(); ++l) caches_[l].open(slot, request_id);
   const ModelConfig& c = weights_->config;
+  int slot = 0;
+  if (is_standard()) {
+    while (slot < runner_.num_slots && open_[size_t(slot)]) ++slot;
+    check(slot < runner_.num_slots, "open: all ", runner_.num_slots, " slots are in use");
+    const int64_t n = c.ssm_shape().state_elements();
+    for (auto& state : states_) state->zero(slot * n, n);
+    open_[size_t(slot)] = 1;
+  } else {
+    slot = caches_.front().allocate(request_id);
+    for (size_t l = 1; l < caches_.size(); ++l) caches_[l].open(slot, request_id);
+  }
   for (auto& layer : conv_) {
     ConvState& s = layer[size_t(slot)];
     s.committed.assign(size_t(c.conv_kernel - 1) * size_t(c.conv_dim()), 0.0f);
@@ -94,6 +129,7 @@ int Mamba2Model::open(uint64_t request_id) {
 void Mamba2Model::release(int slot) {
   check_slot(slot, "release");
   for (ReplayCache& cache : caches_) cache.release(slot);
+  if (is_standard()) open_[size_t(slot)] = 0;
   pending_[size_t(slot)] = 0;
 }
 
@@ -160,6 +196,18 @@ void Mamba2Model::commit_batch(std::span<const int> slots, std::span<const int> 
   const TensorView slot_view = host_view(slot_ids_.data(), DType::i32, {S});
   const TensorView count_view = host_view(counts.data(), DType::i32, {S});
   for (ReplayCache& cache : caches_) cache.commit(slot_view, count_view);
+  if (is_standard()) {
+    // The state after the last accepted token is the slot's intermediate row accepted - 1; a
+    // one-token window already updated the state in place.
+    const int64_t n = weights_->config.ssm_shape().state_elements(), W = runner_.max_window;
+    for (size_t l = 0; l < states_.size(); ++l)
+      for (size_t s = 0; s < slots.size(); ++s) {
+        const size_t slot = size_t(slots[s]);
+        if (in_place_[slot]) continue;
+        states_[l]->copy_from(*inter_[l], (int64_t(slot) * W + accepted[s] - 1) * n,
+                              int64_t(slot) * n, n);
+      }
+  }
   if (capture_layer_ >= 0) {
     io::TraceOp traced;
     traced.kind = io::OpKind::commit;
@@ -185,6 +233,8 @@ void Mamba2Model::commit_batch(std::span<const int> slots, std::span<const int> 
 }
 
 void Mamba2Model::capture_layer(int layer) {
+  check(!is_standard(), "capture: traces record replay cache operations; the standard SSM path ",
+        "has no cache to capture (use ssm = replay)");
   check(layer >= 0 && layer < int(caches_.size()), "capture: layer ", layer, " is outside 0..",
         caches_.size() - 1);
   const ReplayCache& cache = caches_[size_t(layer)];
@@ -193,6 +243,27 @@ void Mamba2Model::capture_layer(int layer) {
   capture_.cache = cache.config();
   capture_.params = layer_params_[size_t(layer)];
   capture_layer_ = layer;
+}
+
+ReplayCache& Mamba2Model::cache(int layer) {
+  check(!is_standard(), "cache: the standard SSM path has no replay cache");
+  check(layer >= 0 && layer < int(caches_.size()), "cache: layer ", layer, " is outside 0..",
+        caches_.size() - 1);
+  return caches_[size_t(layer)];
+}
+
+std::vector<float> Mamba2Model::standard_state(int layer, int slot) const {
+  check(is_standard(), "standard_state: the runner uses the replay SSM path");
+  check(layer >= 0 && layer < int(states_.size()), "standard_state: layer ", layer,
+        " is outside 0..", states_.size() - 1);
+  check_slot(slot, "standard_state");
+  const int64_t n = weights_->config.ssm_shape().state_elements();
+  const io::BackendBuffer& state = *states_[size_t(layer)];
+  std::vector<uint8_t> raw(size_t(n) * dtype_size(state.view().dtype));
+  state.copy_to_host(int64_t(slot) * n, n, raw.data());
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_act(raw.data(), state.view().dtype, i);
+  return out;
 }
 
 CacheStats Mamba2Model::stats() const {
@@ -207,7 +278,9 @@ CacheStats Mamba2Model::stats() const {
   return total;
 }
 
-uint64_t Mamba2Model::flushes_per_layer() const { return caches_.front().stats().flushes; }
+uint64_t Mamba2Model::flushes_per_layer() const {
+  return caches_.empty() ? 0 : caches_.front().stats().flushes;
+}
 
 void Mamba2Model::forward(std::span<const int> slots, const int32_t* tokens, int64_t T, Op op,
                           bool all_logits, std::vector<float>& logits) {
@@ -323,7 +396,35 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
   const io::Staged Cv(be, Cp, act, {S, T, G, N});
   const io::Staged dtv(be, dt_.data(), DType::f32, {S, T, H});
   const io::Staged yv(be, y_.data(), DType::f32, {S, T, H, P});
-  if (op == Op::prefill) {
+  if (is_standard()) {
+    if (op == Op::prefill) {
+      // The prompt goes through in windows of up to max_window tokens, each as a fully accepted
+      // verify (the intermediate buffer holds max_window states), so that a long prompt needs no
+      // state buffer per token; within a window the state stays fp32 (standard_decode).
+      const int64_t Wmax = runner_.max_window;
+      for (int64_t t0 = 0; t0 < T; t0 += Wmax) {
+        const int64_t n = std::min(Wmax, T - t0);
+        auto part = [&](const io::Staged& v, int64_t row) {
+          TensorView p = v.view();
+          p.data = static_cast<uint8_t*>(p.data) + size_t(t0 * row) * dtype_size(p.dtype);
+          p.shape[1] = n;
+          return p;
+        };
+        standard_ssm(layer, slots, n, n == 1, part(xv, H * P), part(Bv, G * N), part(Cv, G * N),
+                     part(dtv, H), part(yv, H * P));
+        if (n > 1) {
+          const int64_t e = c.ssm_shape().state_elements();
+          const int64_t slot = slots.front();
+          states_[size_t(layer)]->copy_from(*inter_[size_t(layer)], (slot * Wmax + n - 1) * e,
+                                            slot * e, e);
+        }
+      }
+    } else {
+      // A one-token window can only be committed whole (commit(1)), so it updates the state in
+      // place: plain decoding without intermediate-state traffic, as serving engines run it.
+      standard_ssm(layer, slots, T, T == 1, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+    }
+  } else if (op == Op::prefill) {
     caches_[size_t(layer)].prefill(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
                                    yv.view());
   } else {
@@ -366,6 +467,45 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
   out_.resize(size_t(R * d));  // [R, d]
   matmul(g_.data(), R, w.out_proj, w.out_bias.empty() ? nullptr : w.out_bias.data(), out_.data());
   for (int64_t i = 0; i < R * d; ++i) resid_[size_t(i)] += out_[size_t(i)];
+}
+
+void Mamba2Model::standard_ssm(int layer, std::span<const int> slots, int64_t T, bool in_place,
+                               const TensorView& x, const TensorView& B, const TensorView& C,
+                               const TensorView& dt, const TensorView& y) {
+  const ModelConfig& c = weights_->config;
+  const int64_t S = int64_t(slots.size());
+  StandardDecodeConfig sc;
+  sc.state_dtype = runner_.standard_state_dtype;
+  sc.seed = runner_.seed;
+  sc.layer = layer;
+  // The kernel reads the slot list on the device on CUDA (a no-op copy on the CPU).
+  std::vector<int32_t> ids(slots.begin(), slots.end());
+  const io::Staged slot_view(runner_.backend, ids.data(), DType::i32, {S});  // [S]
+  for (int slot : slots) in_place_[size_t(slot)] = in_place ? 1 : 0;
+  const int64_t e = c.ssm_shape().state_elements(), Wmax = runner_.max_window;
+  const std::vector<int64_t> inter_shape{S, T, c.num_heads, c.head_dim, c.state_size};
+  io::BackendBuffer& inter = *inter_[size_t(layer)];
+  auto run = [&](const TensorView* iv) {
+    standard_decode(runner_.backend, c.ssm_shape(), layer_params_[size_t(layer)], sc,
+                    states_[size_t(layer)]->view(), slot_view.view(), x, B, C, dt, y, iv);
+  };
+  if (in_place) return run(nullptr);
+  // Slot s keeps its window's states in rows s * max_window + t, so that verifying other slots
+  // before its commit leaves them alone. The kernel writes batch row b's states contiguously
+  // ([S, T, ...]): one slot writes its rows directly; a batch of several goes through a scratch
+  // buffer and is copied to the slots' rows (an extra copy only batched verify pays).
+  if (S == 1) {
+    const TensorView iv = inter.slice(slots.front() * Wmax * e, inter_shape);
+    return run(&iv);
+  }
+  if (!scratch_)
+    scratch_ = std::make_unique<io::BackendBuffer>(
+        runner_.backend, runner_.standard_state_dtype,
+        std::vector<int64_t>{runner_.num_slots * Wmax, c.num_heads, c.head_dim, c.state_size});
+  const TensorView iv = scratch_->slice(0, inter_shape);
+  run(&iv);
+  for (int64_t s = 0; s < S; ++s)
+    inter.copy_from(*scratch_, s * T * e, slots[size_t(s)] * Wmax * e, T * e);
 }
 
 }  // namespace replayssm::model

@@ -14,6 +14,12 @@
 // last K-1 committed inputs per slot plus the inputs of the pending window, so commit advances it
 // by exactly the accepted tokens and rejected drafts leave no trace.
 //
+// SSM path (RunnerConfig::ssm): `replay` runs each layer's SSM through a ReplayCache; `standard`
+// is the baseline serving engines run today (include/replayssm/standard_decode.h): every layer
+// keeps a dense state [H, P, N] per slot, verify(W) applies the W tokens with standard_decode into
+// W intermediate states (the state itself unchanged) and commit(k) copies intermediate k-1 into
+// the state. Everything else (GEMMs, conv history, norms) is the same code for both paths.
+//
 // Batching: verify_batch runs the W-token windows of S slots through every layer in one pass
 // (GEMMs over S * W rows, one ReplayCache::verify per layer for all S slots); verify and commit
 // are its one-slot cases.
@@ -24,16 +30,22 @@
 #include <span>
 #include <vector>
 
+#include "io/staging.h"
 #include "io/trace.h"
 #include "model/weights.h"
 #include "replayssm/cache.h"
 
 namespace replayssm::model {
 
+enum class SsmPath { replay, standard };
+
 struct RunnerConfig {
-  Mode mode = Mode::fp32;
-  int history = 16;    // ring capacity per layer
-  int max_window = 8;  // 1 + the most drafts per verify
+  SsmPath ssm = SsmPath::replay;
+  // The standard path's state dtype: f32 or bf16 (rounded to nearest after every state write).
+  DType standard_state_dtype = DType::f32;
+  Mode mode = Mode::fp32;  // the replay path's checkpoint mode
+  int history = 16;        // ring capacity per layer
+  int max_window = 8;      // 1 + the most drafts per verify
   int num_slots = 1;
   // x, B, C as stored in the ring. fp32 keeps the fp32 mode exact; the SPEC default is bf16.
   DType activation_dtype = DType::f32;
@@ -89,9 +101,11 @@ class Mamba2Model {
   void capture_layer(int layer);
   const io::Trace& captured() const { return capture_; }
 
-  CacheStats stats() const;            // summed over layers
-  uint64_t flushes_per_layer() const;  // layer 0's flush count
-  ReplayCache& cache(int layer) { return caches_[size_t(layer)]; }
+  CacheStats stats() const;            // summed over layers (zero on the standard path)
+  uint64_t flushes_per_layer() const;  // layer 0's flush count (0 on the standard path)
+  ReplayCache& cache(int layer);       // the replay path's cache of `layer`
+  // The standard path's committed state of (layer, slot) as fp32, [H, P, N].
+  std::vector<float> standard_state(int layer, int slot) const;
   const ConvState& conv_state(int layer, int slot) const {
     return conv_[size_t(layer)][size_t(slot)];
   }
@@ -105,6 +119,12 @@ class Mamba2Model {
   void layer_forward(int layer, std::span<const int> slots /*[S]*/, int64_t T, Op op);
   void check_slot(int slot, const char* op) const;
   void check_batch(std::span<const int> slots, const char* op) const;  // open, distinct
+  bool is_standard() const { return runner_.ssm == SsmPath::standard; }
+  // The standard path's SSM of one layer for T tokens of S slots (views [S, T, ...]): in place
+  // when `in_place` (T == 1), else the states after each token go to intermediate rows s * T + t.
+  void standard_ssm(int layer, std::span<const int> slots, int64_t T, bool in_place,
+                    const TensorView& x, const TensorView& B, const TensorView& C,
+                    const TensorView& dt, const TensorView& y);
 
   std::shared_ptr<const ModelWeights> weights_;
   RunnerConfig runner_;
@@ -112,6 +132,13 @@ class Mamba2Model {
   std::vector<LayerParams> layer_params_;     // [layers]
   std::vector<std::vector<ConvState>> conv_;  // [layers][slots]
   std::vector<int> pending_;                  // [slots] W of the uncommitted verify, or 0
+  // Standard path: states_[l] [slots, H, P, N]; inter_[l] [slots * max_window, H, P, N] holding
+  // the states after each token of slot s's verify window in rows s * max_window + t; in_place_[s]
+  // when its window (W = 1) updated the state directly. scratch_: batched verify's kernel output.
+  std::vector<std::unique_ptr<io::BackendBuffer>> states_, inter_;
+  std::unique_ptr<io::BackendBuffer> scratch_;
+  std::vector<uint8_t> in_place_;  // [slots]
+  std::vector<uint8_t> open_;      // [slots] the standard path's open slots
   int capture_layer_ = -1;
   io::Trace capture_;
 
