@@ -243,6 +243,13 @@ inline std::shared_ptr<const model::ModelWeights> load_tiny_weights(uint64_t see
   return w;
 }
 
+// n token ids drawn uniformly from [0, vocab).
+inline std::vector<int32_t> random_token_ids(int n, int vocab, std::mt19937_64& rng) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = int32_t(rng() % uint64_t(vocab));
+  return t;
+}
+
 #ifdef REPLAYSSM_SOURCE_DIR
 // The committed built-in model, loaded once per test process.
 inline std::shared_ptr<const model::ModelWeights> builtin_weights() {

@@ -25,9 +25,7 @@ std::shared_ptr<const ModelWeights> tiny_weights(uint64_t seed) {
 using testing::builtin_weights;
 
 std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& v : t) v = int32_t(rng() % uint64_t(vocab));
-  return t;
+  return testing::random_token_ids(n, vocab, rng);
 }
 
 // The worst |got - want| / max(1, |want|): relative for logits above 1, absolute below (logits
