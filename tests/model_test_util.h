@@ -4,8 +4,10 @@
 // sequence conv with zero left padding, no cache).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -19,6 +21,7 @@
 #include "core/formats.h"
 #include "io/safetensors.h"
 #include "model/weights.h"
+#include "replayssm/error.h"
 
 namespace replayssm::testing {
 
@@ -241,6 +244,28 @@ inline std::shared_ptr<const model::ModelWeights> load_tiny_weights(uint64_t see
   auto w = std::make_shared<const model::ModelWeights>(model::load_model(dir.string()));
   std::filesystem::remove_all(dir);
   return w;
+}
+
+// The worst |got - want| / max(1, |want|) over n elements: relative for values above 1,
+// absolute below (logits near 0 carry no relative meaning).
+inline double max_rel_diff(const float* got, const float* want, size_t n) {
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) /
+                                std::max(1.0, std::fabs(double(want[i]))));
+  return worst;
+}
+
+// Runs f, expects replayssm::Error, returns its message (a test failure when nothing is thrown).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
 }
 
 // n token ids drawn uniformly from [0, vocab).

@@ -52,26 +52,8 @@ SlotSnapshot snapshot(Mamba2Model& m, int slot) {
   return s;
 }
 
-// |got - want| <= tol * max(1, |want|) for every element; returns the worst relative error.
-double max_rel_diff(const float* got, const float* want, size_t n) {
-  double worst = 0;
-  for (size_t i = 0; i < n; ++i)
-    worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) /
-                                std::max(1.0, std::fabs(double(want[i]))));
-  return worst;
-}
-
-// Runs f, expects replayssm::Error, returns its message.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
+using testing::error_of;
+using testing::max_rel_diff;
 
 // verify_batch over S slots (unsorted, a changing subset, windows of every size) gives each slot
 // the logits of a verify of that slot alone, and commit_batch leaves every layer's cache and conv

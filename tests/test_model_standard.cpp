@@ -28,16 +28,11 @@ std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
   return testing::random_token_ids(n, vocab, rng);
 }
 
-// The worst |got - want| / max(1, |want|): relative for logits above 1, absolute below (logits
-// near 0 carry no relative meaning).
 double max_rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
   EXPECT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
-    worst = std::max(worst, std::fabs(double(got[i]) - double(want[i])) /
-                                std::max(1.0, std::fabs(double(want[i]))));
-  return worst;
+  return testing::max_rel_diff(got.data(), want.data(), std::min(got.size(), want.size()));
 }
+using testing::error_of;
 
 RunnerConfig standard_config(DType state = DType::f32) {
   RunnerConfig rc;
@@ -54,17 +49,6 @@ RunnerConfig replay_fp32_config() {
   rc.mode = Mode::fp32;
   rc.activation_dtype = DType::f32;
   return rc;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
 }
 
 struct Case {
