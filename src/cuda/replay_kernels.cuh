@@ -20,7 +20,7 @@
 
 namespace replayssm::cuda {
 
-inline constexpr int kMaxWindow = 8;      // W <= 8 (one value per lane group of row_sum8)
+inline constexpr int kMaxWindow = 8;      // W <= 8 (the readout reduces 8 values per butterfly)
 inline constexpr int kMaxHistory = 32;    // L <= 32
 inline constexpr int kStepThreads = 256;  // prefill and state kernels
 inline constexpr int kStepRows = 4;       // rows per thread and pass
