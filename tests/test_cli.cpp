@@ -320,6 +320,21 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   EXPECT_EQ(std_fp32["modelled_bytes_per_step"].get<double>(), 2 * (2 * state + io));
   EXPECT_NE(run("bench --backend cpu --windows 9").code, 0);
   EXPECT_NE(run("bench --backend cpu --model nope").code, 0);
+
+  // --cold-l2: the same rows, each step timed on its own after the caches are scrubbed.
+  const Result cold =
+      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
+          "--flush-cycles 1 --cold-l2 -o json");
+  ASSERT_EQ(cold.code, 0) << cold.err;
+  const nlohmann::json jc = nlohmann::json::parse(cold.out);
+  EXPECT_TRUE(jc["cold_cache"].get<bool>());
+  ASSERT_EQ(jc["rows"].size(), 3u);
+  for (const auto& row : jc["rows"]) {
+    const double us = row["us_per_step"].get<double>();
+    EXPECT_TRUE(std::isfinite(us) && us > 0) << row.dump();
+  }
+  EXPECT_FALSE(j["cold_cache"].get<bool>());
+  EXPECT_NE(run("bench --e2e --backend cpu --model tiny --cold-l2").code, 0);
 }
 
 // bench --e2e on the CPU with the tiny preset: one row per configuration in order, every number

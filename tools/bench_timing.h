@@ -11,7 +11,10 @@
 namespace replayssm::cli {
 
 // Median microseconds per step. `stream` is a cudaStream_t for BackendKind::cuda, unused on cpu.
-double time_steps(BackendKind backend, void* stream, int steps, int repeats,
+// cold_cache: the caches are scrubbed before every step (twice the L2 on CUDA, 64 MiB on the
+// CPU) and only the steps themselves are timed: what a layer-step costs when the other layers of
+// a model have run in between, as they do in service.
+double time_steps(BackendKind backend, void* stream, int steps, int repeats, bool cold_cache,
                   const std::function<void(int step)>& step);
 
 // The ceiling the kernels are held to: bytes read plus bytes written per second (GB/s) of a large

@@ -49,6 +49,7 @@ struct BenchArgs {
   uint64_t seed = 1;
   std::string backend = "auto";
   bool check = false;
+  bool cold_cache = false;  // scrub the caches before every timed step
   std::string format = "md";
   // --e2e: the whole model, batch 1.
   bool e2e = false;
@@ -164,7 +165,7 @@ Row bench_standard(Context& cx, int batch, DType sdt, int T) {
   r.name = fmt::format("standard {} state{}", dtype_name(sdt), T > 1 ? " + intermediates" : "");
   r.batch = batch;
   r.window = T;
-  r.us = time_steps(cx.backend, cx.stream, steps, cx.args.repeats, step);
+  r.us = time_steps(cx.backend, cx.stream, steps, cx.args.repeats, cx.args.cold_cache, step);
   r.tokens = batch * (T > 1 ? cx.args.accept_mean : 1.0);
   const double state_bytes = double(s.state_elements()) * dtype_size(sdt);
   r.bytes = batch * (state_bytes * (T == 1 ? 2 : 1 + T) + io_bytes(s, cx.act, T));
@@ -226,7 +227,7 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
   r.name = fmt::format("replay {}", mode_name(mode));
   r.batch = batch;
   r.window = W;
-  r.us = time_steps(cx.backend, stream, steps, cx.args.repeats, step);
+  r.us = time_steps(cx.backend, stream, steps, cx.args.repeats, cx.args.cold_cache, step);
   r.tokens = total_accepted / steps;
 
   // Modelled bytes: the acceptance sequence through the cursor rules from an empty ring.
@@ -326,6 +327,7 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
             {"history", a.history},
             {"accept_mean", a.accept_mean},
             {"copy_gb_per_s", cx.copy_gbs},
+            {"cold_cache", a.cold_cache},
             {"rows", out}}
             .dump(2));
     return;
@@ -343,9 +345,10 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
   }
   fmt::print(
       "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, mean accepted {:.2f} "
-      "at W > 1, median of {} runs; copy bandwidth {:.0f} GB/s (read + write)\n\n",
+      "at W > 1, median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
       backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
-      cx.shape.ngroups, a.history, a.accept_mean, a.repeats, cx.copy_gbs);
+      cx.shape.ngroups, a.history, a.accept_mean, a.repeats,
+      a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
   fmt::print(
       "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std fp32 "
       "| "
@@ -420,6 +423,8 @@ struct E2eRow {
 void run_e2e(const BenchArgs& a) {
   check(a.shape.empty(),
         "bench --e2e builds a whole model from a preset: use --model, not --shape");
+  check(!a.cold_cache, "bench --e2e: --cold-l2 is for layer steps (a whole model evicts the ",
+        "caches by itself)");
   check(a.prompt_len >= 1 && a.new_tokens >= 1, "bench --e2e: --prompt-len and --new-tokens must ",
         "be positive");
   check(a.window >= 2 && a.window <= std::min(8, a.history / 2), "bench --e2e: --window ", a.window,
@@ -559,6 +564,9 @@ void register_bench(CLI::App& app) {
   add_backend_option(b, &args->backend, "auto");
   b->add_flag("--check", args->check,
               "first compare every replay configuration with the CPU reference");
+  b->add_flag("--cold-l2", args->cold_cache,
+              "scrub the caches before every step and time the steps alone (the other layers "
+              "of a model evict the L2 between a layer's steps in service)");
   b->add_option("-o,--output", args->format, "md (default), json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));
   b->add_flag("--e2e", args->e2e,
