@@ -3,7 +3,9 @@
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
 #   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
-# Environment: BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's).
+# Environment: BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's),
+# AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
+# run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
 steps=("$@")
 [[ ${#steps[@]} -eq 0 ]] && steps=(build test racecheck bench profile)
@@ -66,5 +68,10 @@ if has profile; then
 fi
 if has drift; then
   step drift 150 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
+fi
+if [[ -n ${AB_TREE:-} ]]; then
+  echo "[ab] the same steps in $AB_TREE"
+  (cd "$AB_TREE" && OUT="$(realpath "$out")/ab" AB_TREE= bash scripts/gpu_run.sh "${steps[@]}") ||
+    rc=1
 fi
 exit $rc
