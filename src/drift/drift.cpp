@@ -18,6 +18,7 @@
 #include "cache/layout.h"
 #include "core/act.h"
 #include "core/formats.h"
+#include "core/splitmix.h"
 #include "replayssm/error.h"
 
 #ifdef REPLAYSSM_WITH_CUDA
@@ -29,13 +30,6 @@
 
 namespace replayssm::drift {
 namespace {
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Hook arms: deliberately biased fp16 encodings, applied outside the cache.
@@ -321,7 +315,7 @@ class ArmRun {
         streams_.emplace_back(cfg_.stream, shape, cfg_.base_seed, token_seed);
       }
       refs_.emplace_back(shape, streams_.back().params());
-      accept_rng_.push_back(splitmix64(cfg_.base_seed * 0x9e3779b97f4a7c15ull + uint64_t(s)));
+      accept_rng_.push_back(splitmix64(cfg_.base_seed * kSplitMixGamma + uint64_t(s)));
     }
     config_.mode = arm_.reencode ? Mode::fp32 : arm_.mode;
     config_.history = history;

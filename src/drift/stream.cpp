@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "core/splitmix.h"
 #include "drift/drift.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
@@ -11,19 +12,12 @@
 namespace replayssm::drift {
 namespace {
 
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // A small counter-seeded generator: cheap to create per token, so any token can be produced on
 // its own (lock step needs each token once per seed, drafts need an independent sequence).
 class Rng {
  public:
   explicit Rng(uint64_t key) : state_(splitmix64(key)) {}
-  uint64_t next() { return splitmix64(state_ += 0x9e3779b97f4a7c15ull); }
+  uint64_t next() { return splitmix64(state_ += kSplitMixGamma); }
   double uniform() { return double(next() >> 11) * 0x1p-53; }  // [0, 1)
   double normal() {
     if (has_spare_) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/splitmix.h"
 #include "replayssm/error.h"
 
 namespace replayssm::model {
@@ -111,11 +112,9 @@ double GenerateStats::acceptance_rate() const {
 
 uint64_t request_seed(uint64_t seed, size_t index) {
   if (index == 0) return seed;
-  // splitmix64 of (seed, index): well-separated streams for neighbouring seeds and indices.
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * uint64_t(index);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  // The index-th SplitMix64 output from `seed`: well-separated streams for neighbouring seeds
+  // and indices.
+  return splitmix64_finalize(seed + kSplitMixGamma * uint64_t(index));
 }
 
 namespace {

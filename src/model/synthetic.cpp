@@ -5,22 +5,17 @@
 #include <random>
 
 #include "core/formats.h"
+#include "core/splitmix.h"
 #include "replayssm/error.h"
 
 namespace replayssm::model {
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // Uniform in [-1, 1) for element i of tensor `tensor`.
 inline float unit(uint64_t seed, uint64_t tensor, uint64_t i) {
-  return float(double(mix(seed ^ mix(tensor * 0x100000001B3ull + i)) >> 11) * 0x1.0p-52 - 1.0);
+  return float(
+      double(splitmix64(seed ^ splitmix64(tensor * 0x100000001B3ull + i)) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 // Uniform with the given standard deviation (half-width std * sqrt(3)).
