@@ -26,9 +26,7 @@ std::shared_ptr<const ModelWeights> tiny_weights(uint64_t seed) {
 }
 using testing::builtin_weights;
 
-std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
-  return testing::random_token_ids(n, vocab, rng);
-}
+using testing::random_token_ids;
 
 std::vector<int32_t> bytes_of(const std::string& s) { return ByteTokenizer().encode(s); }
 
@@ -84,7 +82,7 @@ TEST(ModelBatch, VerifyBatchMatchesSeparateVerifies) {
     for (int s = 0; s < S; ++s) {
       slots.push_back(a.open(100 + uint64_t(s)));
       ASSERT_EQ(b.open(100 + uint64_t(s)), slots.back());
-      const std::vector<int32_t> prompt = random_tokens(3 + 5 * s, V, rng);
+      const std::vector<int32_t> prompt = random_token_ids(3 + 5 * s, V, rng);
       std::vector<float> la, lb;
       a.prefill(slots.back(), prompt, la);
       b.prefill(slots.back(), prompt, lb);
@@ -96,7 +94,7 @@ TEST(ModelBatch, VerifyBatchMatchesSeparateVerifies) {
       std::shuffle(batch.begin(), batch.end(), rng);
       batch.resize(size_t(1 + int(rng() % uint64_t(S))));
       const int W = 1 + int(rng() % uint64_t(rc.max_window));
-      const std::vector<int32_t> tokens = random_tokens(int(batch.size()) * W, V, rng);
+      const std::vector<int32_t> tokens = random_token_ids(int(batch.size()) * W, V, rng);
       a.verify_batch(batch, tokens, W, la);
       ASSERT_EQ(la.size(), batch.size() * size_t(W) * size_t(V));
       std::vector<int> accepted;

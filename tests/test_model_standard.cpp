@@ -24,9 +24,7 @@ std::shared_ptr<const ModelWeights> tiny_weights(uint64_t seed) {
 }
 using testing::builtin_weights;
 
-std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
-  return testing::random_token_ids(n, vocab, rng);
-}
+using testing::random_token_ids;
 
 double max_rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
   EXPECT_EQ(got.size(), want.size());
@@ -65,7 +63,7 @@ double worst_logit_diff(Mamba2Model& a, Mamba2Model& b, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int V = a.vocab_size();
   const int sa = a.open(1), sb = b.open(1);
-  const std::vector<int32_t> prompt = random_tokens(37, V, rng);  // not a multiple of the window
+  const std::vector<int32_t> prompt = random_token_ids(37, V, rng);  // not a multiple of the window
   std::vector<float> la, lb;
   a.prefill(sa, prompt, la, true);
   b.prefill(sb, prompt, lb, true);
@@ -74,7 +72,7 @@ double worst_logit_diff(Mamba2Model& a, Mamba2Model& b, uint64_t seed) {
   std::vector<float> first = la;
   for (int step = 0; step < 40; ++step) {
     const int W = 1 + int(rng() % uint64_t(a.runner_config().max_window));
-    const std::vector<int32_t> window = random_tokens(W, V, rng);
+    const std::vector<int32_t> window = random_token_ids(W, V, rng);
     a.verify(sa, window, la);
     b.verify(sb, window, lb);
     worst = std::max(worst, max_rel_diff(lb, la));
@@ -128,13 +126,13 @@ TEST(ModelStandard, CommitAfterVerifyEqualsSingleDecodes) {
     const int L = a.config().num_layers, V = a.vocab_size();
     std::mt19937_64 rng(9);
     const int sa = a.open(0), sb = b.open(0);
-    const std::vector<int32_t> prompt = random_tokens(11, V, rng);
+    const std::vector<int32_t> prompt = random_token_ids(11, V, rng);
     std::vector<float> la, lb;
     a.prefill(sa, prompt, la);
     b.prefill(sb, prompt, lb);
     for (int step = 0; step < 12; ++step) {
       const int W = 2 + int(rng() % 7), k = 1 + int(rng() % uint64_t(W));
-      const std::vector<int32_t> window = random_tokens(W, V, rng);
+      const std::vector<int32_t> window = random_token_ids(W, V, rng);
       std::vector<std::vector<float>> before;
       for (int l = 0; l < L; ++l) before.push_back(a.standard_state(l, sa));
       a.verify(sa, window, la);
@@ -206,7 +204,7 @@ TEST(ModelStandard, BatchedVerifyMatchesSeparate) {
   for (int s = 0; s < S; ++s) {
     slots.push_back(a.open(uint64_t(s)));
     ASSERT_EQ(b.open(uint64_t(s)), slots.back());
-    const std::vector<int32_t> prompt = random_tokens(3 + 4 * s, V, rng);
+    const std::vector<int32_t> prompt = random_token_ids(3 + 4 * s, V, rng);
     a.prefill(slots.back(), prompt, la);
     b.prefill(slots.back(), prompt, lb);
   }
@@ -215,7 +213,7 @@ TEST(ModelStandard, BatchedVerifyMatchesSeparate) {
     std::shuffle(batch.begin(), batch.end(), rng);
     batch.resize(size_t(1 + int(rng() % uint64_t(S))));
     const int W = 1 + int(rng() % uint64_t(rc.max_window));
-    const std::vector<int32_t> tokens = random_tokens(int(batch.size()) * W, V, rng);
+    const std::vector<int32_t> tokens = random_token_ids(int(batch.size()) * W, V, rng);
     a.verify_batch(batch, tokens, W, la);
     // b verifies every slot first and commits afterwards: pending windows side by side.
     std::vector<std::vector<float>> per_slot;
