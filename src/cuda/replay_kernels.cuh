@@ -236,24 +236,9 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   if (k == 0) *f.d0 = decay(A * total);
 }
 
-// The fold of stage_fold for one 8-element chunk of row prow.
-__device__ __forceinline__ void fold8(float (&s)[8], const FoldSmem& f, int count, int prow, int n0,
-                                      int N, int P) {
-  const float d0 = *f.d0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] *= d0;
-  for (int k = 0; k < count; ++k) {
-    const float wx = f.w[k] * f.x[k * P + prow];
-    const float4 b0 = *reinterpret_cast<const float4*>(f.B + k * N + n0);
-    const float4 b1 = *reinterpret_cast<const float4*>(f.B + k * N + n0 + 4);
-    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += wx * bv[i];
-  }
-}
-
-// fold8 for R rows at once: the 8 columns of B_k are read from shared memory once per entry for
-// all rows (R times less shared-memory traffic); per element the operations are fold8's.
+// The fold of stage_fold for one 8-element chunk (columns n0..n0+7) of each of R rows:
+//   s = d0 s; then s += (w_k x_k[p]) B_k for k = 0..count-1, in logical order.
+// The 8 columns of B_k are read from shared memory once per entry for all R rows.
 template <int R>
 __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, int count,
                                           const int (&prow)[R], int n0, int N, int P) {
@@ -714,14 +699,14 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
   int nonfinite = 0;
   for (int base = 0; base < P; base += rm.rows_per_group) {
     float v[kStepRows][8];
-    int prow[kStepRows];
+    int prow[kStepRows], clamped[kStepRows];
 #pragma unroll
     for (int r = 0; r < kStepRows; ++r) {
       prow[r] = rm.row(base, r);
-      const int pr = min(prow[r], P - 1);
-      load_rec8<kMode>(sec, int64_t(h) * P + pr, n0, N, v[r]);
-      fold8(v[r], f, cur.committed, pr, n0, N, P);
+      clamped[r] = min(prow[r], P - 1);
+      load_rec8<kMode>(sec, int64_t(h) * P + clamped[r], n0, N, v[r]);
     }
+    fold_rows(v, f, cur.committed, clamped, n0, N, P);
     for (int t = 0; t < T; ++t) {
       const int64_t bt = int64_t(b) * T + t;
       const float delta =
@@ -785,8 +770,8 @@ __global__ void __launch_bounds__(kStepThreads)
     const int prow = rm.row(base, 0);
     const int pr = min(prow, P - 1);
     const int64_t row = int64_t(h) * P + pr;
-    float v[8];
     if (encode) {
+      float v[8];
       load8(p.dense + row * N + n0, v);
       const int bad = sanitize8(v);
       if (prow < P) nonfinite += bad;
@@ -795,9 +780,11 @@ __global__ void __launch_bounds__(kStepThreads)
       encode8<kMode>(sec, row, n0, N, lane_in_row, lanes, v, sr, rv, &sat);
       if (prow < P) saturated += sat;
     } else {
-      load_rec8<kMode>(sec, row, n0, N, v);
-      fold8(v, f, at, pr, n0, N, P);
-      if (prow < P) store8_f32(p.dense + row * N + n0, v);
+      float one[1][8];
+      load_rec8<kMode>(sec, row, n0, N, one[0]);
+      const int rows[1] = {pr};
+      fold_rows(one, f, at, rows, n0, N, P);
+      if (prow < P) store8_f32(p.dense + row * N + n0, one[0]);
     }
   }
   add_encode_stats(p, saturated, nonfinite);
