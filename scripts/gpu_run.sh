@@ -3,7 +3,7 @@
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
 #   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
-# Environment: BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's),
+# Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -41,7 +41,7 @@ fi
 if has racecheck; then
   # A random mixed sequence (flushing and non-flushing slots) and the graph test under the
   # shared-memory race checker, the memory checker and the initialisation checker.
-  filt='*RandomOperationSequence/separate_fp8_bf16:*RandomOperationSequence/separate_nvfp4*:*GraphCapture*'
+  filt=${RACE_FILTER:-'*RandomOperationSequence/separate_fp8_bf16:*RandomOperationSequence/separate_nvfp4*:*GraphCapture*'}
   for tool in racecheck memcheck initcheck; do
     step $tool 200 compute-sanitizer --tool $tool --error-exitcode 3 \
       ./build/tests/test_cuda_backend --gtest_filter="$filt"
