@@ -3,7 +3,8 @@
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
 #   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
-# Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm bench` configurations), PROFILE_ARGS (the profiled bench's),
+# Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
+# bench` configurations), PROFILE_ARGS (the profiled bench's),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail

@@ -327,6 +327,12 @@ INSTANTIATE_TEST_SUITE_P(
 // A batch large enough that verify_kernel serves several heads of a group per block (the chunk
 // grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
 // gives 4 heads per block), which the small batches above never reach.
+// The readout and the flush are checked apart: before every step the CPU cache is made a copy of
+// the GPU's (export/import), so the outputs of slots that do not flush in the step depend on
+// identical checkpoints and must agree to fp32 summation order (2e-5), whatever the mode. Slots
+// that flush in the step read checkpoints just encoded on each side from fp32 values that differ
+// in the last bits, so a value next to a rounding boundary can take the neighbouring code; those
+// outputs get the sequence tolerance, and the codes written by the step's flushes are counted.
 TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   const SsmShape shape{16, 16, 64, 2};
@@ -351,36 +357,69 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     DeviceBytes dslots(slots);
     const TensorView hs = host_view(slots.data(), DType::i32, {B});
     const TensorView ds = dview(dslots.ptr, DType::i32, {B});
-    double worst_y = 0;
+    double worst_y_read = 0, worst_y_flush = 0, worst_ckpt = 0;
+    size_t mismatched = 0, code_bytes = 0;
     for (int step = 0; step < 40; ++step) {
+      for (int b = 0; b < B; ++b) {  // CPU := GPU
+        const std::vector<uint8_t> image = gpu.export_slot(b);
+        cpu.release(b);
+        cpu.import_slot(b, image);
+      }
       const int W = step < 20 ? 1 : 1 + int(rng() % 8);  // autoregressive, then speculative
       Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
       DeviceTokens dt(shape, tk);
       std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
+      std::vector<bool> flushes(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b)
+        flushes[b] = cpu.impl().read_slot(slots[b]).cursors.committed + W > cfg.history;
       cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
                  host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
       gpu.verify(ds, dt.vx(shape, DType::bf16), dt.vB(shape, DType::bf16),
                  dt.vC(shape, DType::bf16), dt.vdt(shape), dt.vy(shape));
-      const double e = rel_l2(dt.y.download<float>(ycpu.size()), ycpu);
-      EXPECT_LT(e, y_tolerance(mode)) << mode_name(mode) << " step " << step << " W " << W;
-      worst_y = std::max(worst_y, e);
+      const std::vector<float> ygpu = dt.y.download<float>(ycpu.size());
+      std::vector<float> rows[2][2];  // [flushed][cpu, gpu]
+      const size_t per_entry = size_t(W) * per_token;
+      for (int b = 0; b < B; ++b) {
+        auto& dst = rows[flushes[b] ? 1 : 0];
+        dst[0].insert(dst[0].end(), ycpu.begin() + b * per_entry,
+                      ycpu.begin() + (b + 1) * per_entry);
+        dst[1].insert(dst[1].end(), ygpu.begin() + b * per_entry,
+                      ygpu.begin() + (b + 1) * per_entry);
+      }
+      if (!rows[0][0].empty()) {
+        const double e = rel_l2(rows[0][1], rows[0][0]);
+        EXPECT_LT(e, 2e-5) << mode_name(mode) << " step " << step << " W " << W << " (no flush)";
+        worst_y_read = std::max(worst_y_read, e);
+      }
+      if (!rows[1][0].empty()) {
+        const double e = rel_l2(rows[1][1], rows[1][0]);
+        EXPECT_LT(e, y_tolerance(mode)) << mode_name(mode) << " step " << step << " W " << W;
+        worst_y_flush = std::max(worst_y_flush, e);
+      }
       std::vector<int32_t> accepted(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
       DeviceBytes dacc(accepted);
       cpu.commit(hs, host_view(accepted.data(), DType::i32, {B}));
       gpu.commit(ds, dview(dacc.ptr, DType::i32, {B}));
+      for (int b = 0; b < B; ++b) {
+        if (!flushes[b] && b % 8 != 0) continue;  // every flushed slot, a sample of the rest
+        const int s = slots[b];
+        const SlotDiff d =
+            compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
+        EXPECT_TRUE(d.cursors_equal) << "slot " << s << " step " << step;
+        EXPECT_TRUE(d.ring_equal) << "slot " << s << " step " << step;
+        EXPECT_LT(d.ckpt_rel, mode == Mode::fp32 ? 1e-5 : 1e-3) << "slot " << s << " step " << step;
+        worst_ckpt = std::max(worst_ckpt, d.ckpt_rel);
+        if (mode != Mode::fp32) mismatched += d.code_mismatch, code_bytes += d.code_bytes;
+      }
     }
-    double worst_state = 0;
-    for (int b = 0; b < B; b += 7) {
-      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(b), gpu.impl().read_slot(b));
-      EXPECT_TRUE(d.cursors_equal) << "slot " << b;
-      EXPECT_TRUE(d.ring_equal) << "slot " << b;
-      worst_state = std::max(worst_state, rel_l2(gpu.state(b), cpu.state(b)));
-    }
-    EXPECT_LT(worst_state, mode == Mode::fp32 ? 1e-5 : 1e-3) << mode_name(mode);
     EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
-    std::printf("[cuda-vs-cpu] large batch mode %s: worst y rel %.3g, worst state rel %.3g\n",
-                mode_name(mode), worst_y, worst_state);
+    const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
+    EXPECT_LT(frac, 1e-2) << mode_name(mode);
+    std::printf(
+        "[cuda-vs-cpu] large batch mode %s: worst y rel %.3g (no flush in the step) %.3g (flush), "
+        "worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
+        mode_name(mode), worst_y_read, worst_y_flush, worst_ckpt, frac);
   }
 }
 

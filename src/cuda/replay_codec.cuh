@@ -256,16 +256,20 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
 }
 
 // Writes elements [n0, n0+8) of row `row` of every checkpoint of the mode from the fp32 values
-// `v`. All lanes of the warp must call it (row reductions). Returns the values the readout
-// multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new codes;
-// adds the number of fp16-saturated elements to *saturated.
+// `v`. All lanes of the warp must call it (row reductions), so the lanes of a duplicated row
+// (past P, see RowMap) call it with store = false: they take part in the shuffles and write
+// nothing, since their row may already hold the new values of its owner. Returns the values the
+// readout multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new
+// codes; adds the number of fp16-saturated elements to *saturated (store = false: nothing).
 template <Mode kMode>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
-                                         const SrContext& sr, float (&rv)[8], int* saturated) {
+                                         const SrContext& sr, float (&rv)[8], int* saturated,
+                                         bool store) {
   const int64_t e = row * N + n0;
+  int sat = 0;
   if constexpr (kMode == Mode::fp32) {
-    store8_f32(static_cast<float*>(s.rec) + e, v);
+    if (store) store8_f32(static_cast<float*>(s.rec) + e, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = v[i];
     return 1.f;
@@ -273,7 +277,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     uint16_t c[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) c[i] = f32_to_bf16(v[i]), rv[i] = bf16_to_f32(c[i]);
-    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    if (store) store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
     return 1.f;
   } else if constexpr (kMode == Mode::fp16) {
     uint16_t c[8];
@@ -282,43 +286,56 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
       uint16_t hb = f32_to_f16(v[i]);
       if ((hb & 0x7fffu) == 0x7c00u) {
         hb = uint16_t((hb & 0x8000u) | 0x7bffu);
-        ++*saturated;
+        ++sat;
       }
       c[i] = hb;
       rv[i] = f16_to_f32(hb);
     }
-    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    if (store) {
+      store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+      *saturated += sat;
+    }
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
     uint16_t c[8];
-    *saturated += encode8_f16_sr(v, uint64_t(e), sr, c);
+    sat = encode8_f16_sr(v, uint64_t(e), sr, c);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(c[i]);
-    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    if (store) {
+      store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+      *saturated += sat;
+    }
     return 1.f;
   } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
     uint8_t c[8];
     const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, lanes, c, rv);
-    store8_bytes(static_cast<uint8_t*>(s.rec) + e, c);
-    if (lane_in_row == 0) s.rec_scale[row] = scale;
+    if (store) {
+      store8_bytes(static_cast<uint8_t*>(s.rec) + e, c);
+      if (lane_in_row == 0) s.rec_scale[row] = scale;
+    }
     return scale;
   } else {
     float scale;
     if constexpr (kMode == Mode::separate_fp8) {
       uint8_t c[8];
       scale = encode8_row8bit<true>(v, lanes, c, rv);
-      store8_bytes(s.read + e, c);
+      if (store) store8_bytes(s.read + e, c);
     } else {
       uint32_t packed;
       uint8_t bs;
       scale = encode8_nvfp4(v, lanes, packed, bs, rv);
-      *reinterpret_cast<uint32_t*>(s.read + e / 2) = packed;
-      if ((lane_in_row & 1) == 0) s.read_block_scale[e / 16] = bs;
+      if (store) {
+        *reinterpret_cast<uint32_t*>(s.read + e / 2) = packed;
+        if ((lane_in_row & 1) == 0) s.read_block_scale[e / 16] = bs;
+      }
     }
-    if (lane_in_row == 0) s.read_scale[row] = scale;
     uint16_t c[8];
-    *saturated += encode8_f16_sr(v, uint64_t(e), sr, c);
-    store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+    sat = encode8_f16_sr(v, uint64_t(e), sr, c);
+    if (store) {
+      if (lane_in_row == 0) s.read_scale[row] = scale;
+      store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+      *saturated += sat;
+    }
     return scale;
   }
 }

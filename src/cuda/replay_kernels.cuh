@@ -349,12 +349,10 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       const int pr = clamped[r];
       const int bad = sanitize8(v[r]);
       float rv[8];
-      int sat = 0;
-      // Duplicated out-of-range rows write the same bytes as row P - 1; every lane of a row must
-      // take part in encode8's row reductions.
+      // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
       encode8<kMode>(sec, int64_t(h) * P + pr, rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,
-                     &sat);
-      if (row[r] < P) saturated += sat, nonfinite += bad;
+                     &saturated, row[r] < P);
+      if (row[r] < P) nonfinite += bad;
     }
   }
   add_encode_stats(p, saturated, nonfinite);
@@ -738,10 +736,10 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
       const int bad = sanitize8(v[r]);
       if (prow[r] < P) nonfinite += bad;
       float rv[8];
-      int sat = 0;
-      // Duplicated out-of-range rows write the same values as row P-1: harmless.
-      encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr, rv, &sat);
-      if (prow[r] < P) saturated += sat;
+      // A duplicated row (past P) loaded row P - 1 while another warp may already have stored
+      // its new values there: it must not store (a second update of that row).
+      encode8<kMode>(sec, int64_t(h) * P + pr, n0, N, lane_in_row, lanes, v[r], sr, rv, &saturated,
+                     prow[r] < P);
     }
   }
   add_encode_stats(p, saturated, nonfinite);
@@ -776,9 +774,7 @@ __global__ void __launch_bounds__(kStepThreads)
       const int bad = sanitize8(v);
       if (prow < P) nonfinite += bad;
       float rv[8];
-      int sat = 0;
-      encode8<kMode>(sec, row, n0, N, lane_in_row, lanes, v, sr, rv, &sat);
-      if (prow < P) saturated += sat;
+      encode8<kMode>(sec, row, n0, N, lane_in_row, lanes, v, sr, rv, &saturated, prow < P);
     } else {
       float one[1][8];
       load_rec8<kMode>(sec, row, n0, N, one[0]);
