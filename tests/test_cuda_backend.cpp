@@ -131,13 +131,25 @@ SlotDiff compare_slot(const SsmShape& shape, const CacheConfig& cfg, const SlotI
     for (size_t i = 0; i < L.size[s]; ++i) d.code_mismatch += sec(cpu, s)[i] != sec(gpu, s)[i];
     d.code_bytes += L.size[s];
   }
-  for (auto s : {SlotLayout::ring_x, SlotLayout::ring_B})
-    d.ring_equal = d.ring_equal && std::memcmp(sec(cpu, s), sec(gpu, s), L.size[s]) == 0;
-  const size_t nd = L.size[SlotLayout::ring_delta] / sizeof(float);
-  std::vector<float> dc(nd), dg(nd);
-  std::memcpy(dc.data(), sec(cpu, SlotLayout::ring_delta), nd * sizeof(float));
-  std::memcpy(dg.data(), sec(gpu, SlotLayout::ring_delta), nd * sizeof(float));
-  d.delta_rel = rel_l2(dg, dc);
+  // The committed ring entries (the canonical state); entries past them are stale or pending
+  // drafts, which the SPEC leaves unspecified (an imported slot carries none).
+  for (auto s : {SlotLayout::ring_x, SlotLayout::ring_B}) {
+    const size_t entry = L.size[s] / size_t(cfg.history);
+    for (int k = 0; k < cpu.cursors.committed; ++k) {
+      const size_t at = size_t((cpu.cursors.origin + k) & (cfg.history - 1)) * entry;
+      d.ring_equal = d.ring_equal && std::memcmp(sec(cpu, s) + at, sec(gpu, s) + at, entry) == 0;
+    }
+  }
+  const size_t nh = L.size[SlotLayout::ring_delta] / sizeof(float) / size_t(cfg.history);
+  std::vector<float> dc, dg;
+  for (int k = 0; k < cpu.cursors.committed; ++k) {
+    const size_t at = size_t((cpu.cursors.origin + k) & (cfg.history - 1)) * nh;
+    const auto* c = reinterpret_cast<const float*>(sec(cpu, SlotLayout::ring_delta)) + at;
+    const auto* g = reinterpret_cast<const float*>(sec(gpu, SlotLayout::ring_delta)) + at;
+    dc.insert(dc.end(), c, c + nh);
+    dg.insert(dg.end(), g, g + nh);
+  }
+  d.delta_rel = dc.empty() ? 0.0 : rel_l2(dg, dc);
   // Decoded recurrence checkpoints.
   auto ck = [&](const SlotImage& im) {
     auto* b = const_cast<uint8_t*>(im.bytes.data());
