@@ -116,9 +116,15 @@ struct StepSmem {
   float* C;    // [windows, N]
   float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
   float* dot;  // [windows, L]   B_k . C_j (k <= c + j, else 0)
+  // Per head, for the tensor-core readout (verify_kernel, kMma):
+  float* delta;  // [L]            delta_k
+  float* run;    // [L]            L_k = delta_0 + ... + delta_k
+  float* w;      // [windows, L]   w_jk (+ D when k = i)
+  float* dec;    // [windows]      exp(A L_i)
 
   __host__ __device__ static size_t bytes(int L, int N, int windows) {  // 16-byte multiple
-    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + L)) + 15) / 16 * 16;
+    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L) + 15) /
+           16 * 16;
   }
   __device__ static StepSmem carve(float* base, int L, int N, int windows) {
     StepSmem s;
@@ -126,6 +132,10 @@ struct StepSmem {
     s.C = s.B + L * N;
     s.Cr = s.C + windows * N;
     s.dot = s.Cr + windows * N;
+    s.delta = s.dot + windows * L;
+    s.run = s.delta + L;
+    s.w = s.run + L;
+    s.dec = s.w + windows * L;
     return s;
   }
 };
@@ -415,7 +425,9 @@ struct VerifyStage {
     s.scale_bytes = bf16_readout(mode) ? 4 : 0;
     s.block_bytes = mode == Mode::separate_nvfp4 ? N / 16 : 0;
     s.rows = P;
-    while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % 16 == 0) s.rows /= 2;
+    // The tensor-core readout of the 8/4-bit modes works on 16-row tiles.
+    const int granule = bf16_readout(mode) ? 16 : 8;
+    while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % (2 * granule) == 0) s.rows /= 2;
     s.act_bytes = act_bytes;
     s.x_pitch = s.rows + 16 / act_bytes;
     s.bytes = size_t(s.rows) * (s.code_bytes + s.scale_bytes + s.block_bytes) +
@@ -495,8 +507,62 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
+// ---- tensor-core readout (W > 1 in the 8/4-bit read modes) ---------------------------------
+// R C for a 16-row tile and the 8 window columns with mma.sync m16n8k16 (bf16 in, fp32
+// accumulate): R's values are exact in bf16 (codes, or e2m1 x e4m3 block scale) and C is
+// already rounded to bf16 (SPEC 5), so the products are exact and only the fp32 summation order
+// differs from the FMA readout. A dot product is invariant under a permutation of K applied to
+// both operands: lane (g, t) feeds k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with the
+// columns 16s + 4t + {0, 1} and {2, 3}, i.e. 4 consecutive codes of rows g and g+8, and its B
+// fragment with C_g at the same 4 columns (in registers for the whole kernel).
+inline constexpr int kMaxK16 = 256 / 16;  // k-steps at the largest dstate
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Values (without the row scale) of columns [col, col + 2) of row `row` of a staged unit.
+template <Mode kMode>
+__device__ __forceinline__ uint32_t code_pair(const SlotSections& v, int row, int col, int N) {
+  const int64_t e = int64_t(row) * N + col;
+  if constexpr (kMode == Mode::separate_nvfp4) {
+    const uint8_t byte = v.read[e / 2];  // element col in the low nibble
+    const float d = e4m3_to_f32(v.read_block_scale[e / 16]);
+    return pack_bf16x2(e2m1_to_f32(uint8_t(byte & 0xfu)) * d, e2m1_to_f32(uint8_t(byte >> 4)) * d);
+  } else {
+    const uint8_t* codes =
+        kMode == Mode::separate_fp8 ? v.read : static_cast<const uint8_t*>(v.rec);
+    const uint16_t two = *reinterpret_cast<const uint16_t*>(codes + e);
+    if constexpr (kMode == Mode::shared_int8) {
+      return pack_bf16x2(float(int8_t(two & 0xffu)), float(int8_t(two >> 8)));
+    } else {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      return pack_bf16x2(f.x, f.y);
+    }
+  }
+}
+
+// d += A B for one m16n8k16 step (A: 16 x 16 bf16 rows, B: 16 x 8 bf16 columns, d: fp32).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
+// -v): the tensor-core path needs no C registers; at W = 1 one row of C is 8 registers.
+constexpr int verify_min_blocks(Mode mode, int kW) {
+  return bf16_readout(mode) && kW >= 4 ? 4 : kW == 1 ? 8 : 3;
+}
+
 template <Mode kMode, typename ActT, int kW, int kEntries>
-__global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayParams p) {
+__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
+    verify_kernel(const ReplayParams p) {
   extern __shared__ float4 smem_raw[];
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = H / G / p.heads_per_block;
@@ -565,14 +631,31 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
     }
   }
   const RowMap rm(p.lanes_per_row, 1);
-  float cr[kW][8];
+  // W > 1 in the 8/4-bit read modes: the readout runs on the tensor cores (B fragments in cb);
+  // otherwise on FFMA with Cr_j in registers (cr).
+  constexpr bool kMma = bf16_readout(kMode) && kW >= 4;
+  float cr[kMma ? 1 : kW][8];
+  uint32_t cb[kMma ? kMaxK16 : 1][2];
+  if constexpr (kMma) {
+    const int g = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
 #pragma unroll
-  for (int j = 0; j < kW; ++j) {
-    if (j < W) {
-      load8(sm.Cr + j * N + rm.n0, cr[j]);
-    } else {
+    for (int s = 0; s < kMaxK16; ++s) {
+      cb[s][0] = cb[s][1] = 0u;
+      if (s < N / 16 && g < W) {
+        const float* c = sm.Cr + g * N + 16 * s + 4 * tq;
+        cb[s][0] = pack_bf16x2(c[0], c[1]);
+        cb[s][1] = pack_bf16x2(c[2], c[3]);
+      }
+    }
+  } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) cr[j][i] = 0.f;
+    for (int j = 0; j < kW; ++j) {
+      if (j < W) {
+        load8(sm.Cr + j * N + rm.n0, cr[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) cr[j][i] = 0.f;
+      }
     }
   }
 
@@ -596,7 +679,29 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
     else
       cp_async_commit();
     const int h = h0 + u / units_per_head, row0 = u % units_per_head * vs.rows;
-    if (row0 == 0) {
+    if (kMma && row0 == 0) {
+      // The head's weights in shared memory, read by every tile: w_jk (+ D at k = i), exp(A L_i).
+      const float A = p.head.A[h], D = p.head.D[h];
+      for (int k = threadIdx.x; k < m; k += blockDim.x)
+        sm.delta[k] = entry_delta(p, sec, after, b, h, k);
+      __syncthreads();
+      for (int k = threadIdx.x; k < m; k += blockDim.x) {
+        float run = 0.f;  // sequential, the CPU reference's order
+        for (int q = 0; q <= k; ++q) run += sm.delta[q];
+        sm.run[k] = run;
+      }
+      __syncthreads();
+      for (int t = threadIdx.x; t < kW * m; t += blockDim.x) {
+        const int j = t / m, k = t - j * m, i = c + j;
+        float w = 0.f;
+        if (j < W && k <= i)
+          w = sm.delta[k] * decay(A * (sm.run[i] - sm.run[k])) * sm.dot[j * L + k];
+        if (j < W && k == i) w += D;
+        sm.w[j * L + k] = w;
+      }
+      for (int j = threadIdx.x; j < kW; j += blockDim.x)
+        sm.dec[j] = j < W ? decay(A * sm.run[c + j]) : 0.f;
+    } else if (!kMma && row0 == 0) {
       // Running sums in the CPU reference's order (sequential over k), broadcast from the lanes
       // that own the entries; m is uniform over the block, so every lane takes part.
       const float A = p.head.A[h], D = p.head.D[h];
@@ -639,6 +744,33 @@ __global__ void __launch_bounds__(kVerifyThreads) verify_kernel(const ReplayPara
     uint8_t* stage = stages + (u % kVerifyStages) * vs.bytes;
     const SlotSections view = vs.view(stage);
     const ActT* xs = static_cast<const ActT*>(view.ring_x);
+    if constexpr (kMma) {
+      const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
+      for (int tile = warp; tile < vs.rows / 16; tile += blockDim.x / 32) {
+        const int r_lo = tile * 16 + g, r_hi = r_lo + 8;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};  // rows (r_lo, r_hi) x windows (2 tq, 2 tq + 1)
+#pragma unroll
+        for (int s = 0; s < kMaxK16; ++s) {
+          if (s < N / 16) {  // uniform over the warp
+            const int col = 16 * s + 4 * tq;
+            mma_bf16_16816(d, code_pair<kMode>(view, r_lo, col, N),
+                           code_pair<kMode>(view, r_hi, col, N),
+                           code_pair<kMode>(view, r_lo, col + 2, N),
+                           code_pair<kMode>(view, r_hi, col + 2, N), cb[s][0], cb[s][1]);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int r = q < 2 ? r_lo : r_hi, j = 2 * tq + (q & 1);
+          if (j >= W) continue;
+          float acc = sm.dec[j] * (view.read_scale[r] * d[q]);
+          for (int k = 0; k < m; ++k)
+            acc += sm.w[j * L + k] * act_f32(xs[k * vs.x_pitch + r], p.act_f16);
+          store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc);
+        }
+      }
+      continue;
+    }
     const int slot_row = threadIdx.x / rm.lanes;  // the thread's row within a pass
     for (int r0 = 0; r0 < vs.rows; r0 += kBatch * rm.rows_per_pass) {
       float part[8];
