@@ -218,10 +218,7 @@ class CudaBackend final : public CacheBackend {
     });
     cuda::with_mode(config_.mode, [&]<Mode kMode>() {
       cuda::ModeLaunchers<kMode>::flush(p, lc);
-      cuda::ModeLaunchers<kMode>::verify(p, lc);
-    });
-    cuda::with_act(lc, [&]<typename ActT>() {
-      cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
+      cuda::ModeLaunchers<kMode>::verify(p, lc);  // ends with the ring B append and the cursors
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
@@ -338,10 +335,11 @@ class CudaBackend final : public CacheBackend {
   void ensure_flush_list(int batch) {
     if (batch <= flush_list_capacity_) return;
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));
+    flush_list_.reset(device_alloc<int32_t>(2 * size_t(batch) + 1));   // zeroed
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.flush_list = flush_list_.get() + 1;
+    base_.arrivals = flush_list_.get() + 1 + batch;
   }
 
   struct Staging {
@@ -417,7 +415,8 @@ class CudaBackend final : public CacheBackend {
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
   size_t smem_verify_ = 0;         // verify_kernel at W = 8 (the most)
   size_t verify_stage_bytes_ = 0;  // its checkpoint staging
-  DevicePtr<int32_t> flush_list_;  // [1 + batch]: count, then the flushing batch entries
+  // [1 + 2 batch]: count, the flushing batch entries, the arrival counters of verify_kernel
+  DevicePtr<int32_t> flush_list_;
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once

@@ -9,8 +9,9 @@
 //   verify           for j = 0..W-1 at logical position i = c' + j:
 //                      y_j = exp(A L_i) * scale * sum_n R[p,n] C_j[n]   (R: read checkpoint values)
 //                          + sum_{k <= i} delta_k exp(A (L_i - L_k)) (B_k . C_j) x_k[p] + D x_j[p]
-//                    and the window's ring x and delta
-//   verify_finalize  ring B of the window (shared by the heads of a group) and the cursors
+//                    the window's ring x, delta and B, and (the last block of each entry) the
+//                    cursors
+// An explicit flush runs validate_slots, flush and verify_finalize (cursors).
 // In the 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16 (BF16
 // readout rule); products are exact in fp32 and summed in fp32.
 #pragma once
@@ -89,6 +90,7 @@ struct ReplayParams {
   int32_t*
       flush_list;  // [B] batch entries that flush in this step (listed by the validate kernels)
   int32_t* flush_count;  // zeroed before the validate kernel
+  int32_t* arrivals;     // [B] verify blocks of each entry done so far (0 between verifies)
   int heads_per_block;   // verify_kernel: heads of one group per block
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
@@ -507,6 +509,28 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
+// The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
+// counter) advances the slot's cursors, so no block of the entry can still read the old ones
+// and no separate finalize launch is needed. Uniform over the block.
+__device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
+                                              int blocks_per_entry) {
+  __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&p.arrivals[b], 1) != blocks_per_entry - 1) return;
+  __threadfence();
+  p.arrivals[b] = 0;  // ready for the next verify
+  SlotCursors cur = p.cursors[slot];
+  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
+  if (flush) apply_flush(cur, p.L);
+  apply_verify(cur, p.tokens);
+  p.cursors[slot] = cur;
+  if (flush) {
+    atomicAdd(&p.stats->flushes, 1ull);
+    atomicAdd(&p.stats->checkpoint_writes, 1ull);
+  }
+}
+
 // ---- tensor-core readout (W > 1 in the 8/4-bit read modes) ---------------------------------
 // R C for a 16-row tile and the 8 window columns with mma.sync m16n8k16 (bf16 in, fp32
 // accumulate): R's values are exact in bf16 (codes, or e2m1 x e4m3 block scale) and C is
@@ -616,6 +640,17 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     for (int u = threadIdx.x; u < p.heads_per_block * W; u += blockDim.x) {
       const int h = h0 + u / W, j = u % W;
       sec.ring_delta[ring_index(after, c + j, L) * H + h] = entry_delta(p, sec, after, b, h, c + j);
+    }
+    // Ring B of the group, by the group's first block. The other blocks of the group stage only
+    // committed entries (logical < c), and flush_kernel has folded what these positions held.
+    if (blockIdx.x % chunks == 0) {
+      const int per_row = N / kVec;
+      for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+        const int j = u / per_row, i = u % per_row, phys = ring_index(after, c + j, L);
+        reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N)[i] =
+            reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
+                                           ((int64_t(b) * W + j) * G + g) * N)[i];
+      }
     }
   }
   __syncthreads();
@@ -804,6 +839,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
   }
+  finish_verify(p, b, slot, G * chunks);
 }
 
 // prefill: fold the committed entries, run the T tokens through the fp32 recurrence (y for each),

@@ -86,7 +86,8 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
   if (st == 0 && p.cursors[slot].committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = b;
 }
 
-// Second launch of verify / flush: ring B of the window and the cursors. One block per b.
+// After an explicit flush (W = 0), or a verify whose kernel does not update the cursors itself:
+// ring B of the window and the cursors. One block per b.
 template <typename ActT>
 __global__ void verify_finalize_kernel(const ReplayParams p) {
   const int b = blockIdx.x;
