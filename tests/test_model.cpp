@@ -434,8 +434,9 @@ TEST(BuiltinModel, MatchesTransformersLogitsAndGreedyTokens) {
 namespace replayssm::model {
 namespace {
 
-// The runner on the CUDA cache backend (SSM on the GPU, GEMMs on the CPU) against the CPU
-// backend: logits of a prefill and of verify windows, fp32 and separate-fp8. Skips without a GPU.
+// The runner on the CUDA backend (the whole forward on the GPU: cuBLAS GEMMs, device conv and
+// norms, the CUDA cache) against the CPU backend: logits of a prefill and of verify windows, fp32
+// and separate-fp8. Skips without a GPU. More in test_model_cuda.cpp.
 TEST(ModelCuda, LogitsMatchCpu) {
   if (!backend_available(BackendKind::cuda)) GTEST_SKIP() << "no CUDA backend or device";
   auto weights = std::make_shared<const ModelWeights>(

@@ -9,25 +9,10 @@
 #include "core/act.h"
 #include "core/formats.h"
 #include "io/staging.h"
-#include "model/matmul.h"
 #include "replayssm/error.h"
 #include "replayssm/standard_decode.h"
 
 namespace replayssm::model {
-
-namespace {
-
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-
-// out = weight * x / sqrt(mean(x^2) + eps) over `width` elements (Mamba2RMSNorm).
-void rms_norm(const float* x, const float* weight, int64_t width, float eps, float* out) {
-  double sum = 0.0;  // double: wide layers (d_inner 8192+) would lose digits in an fp32 sum
-  for (int64_t i = 0; i < width; ++i) sum += double(x[i]) * x[i];
-  const float scale = 1.0f / std::sqrt(float(sum / double(width)) + eps);
-  for (int64_t i = 0; i < width; ++i) out[i] = weight[i] * (x[i] * scale);
-}
-
-}  // namespace
 
 Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const RunnerConfig& config)
     : weights_(std::move(weights)), runner_(config) {
@@ -83,7 +68,9 @@ Mamba2Model::Mamba2Model(std::shared_ptr<const ModelWeights> weights, const Runn
   }
   in_place_.assign(size_t(runner_.num_slots), 0);
   open_.assign(size_t(runner_.num_slots), 0);
-  conv_.assign(size_t(c.num_layers), std::vector<ConvState>(size_t(runner_.num_slots)));
+  ops_ = make_model_ops(*weights_, runner_);
+  for (OpsBuffer* b : {&resid_, &h_, &proj_, &xbc_, &x_, &B_, &C_, &dt_, &y_, &g_, &out_, &logits_})
+    b->bind(ops_.get());
   pending_.assign(size_t(runner_.num_slots), 0);
 }
 
@@ -116,12 +103,7 @@ int Mamba2Model::open(uint64_t request_id) {
     slot = caches_.front().allocate(request_id);
     for (size_t l = 1; l < caches_.size(); ++l) caches_[l].open(slot, request_id);
   }
-  for (auto& layer : conv_) {
-    ConvState& s = layer[size_t(slot)];
-    s.committed.assign(size_t(c.conv_kernel - 1) * size_t(c.conv_dim()), 0.0f);
-    s.pending.assign(size_t(runner_.max_window) * size_t(c.conv_dim()), 0.0f);
-    s.pending_count = 0;
-  }
+  ops_->conv_reset(slot);
   pending_[size_t(slot)] = 0;
   return slot;
 }
@@ -216,19 +198,7 @@ void Mamba2Model::commit_batch(std::span<const int> slots, std::span<const int> 
     capture_.ops.push_back(std::move(traced));
   }
   // Conv history: the last K-1 inputs of (committed history ++ first `accepted` window inputs).
-  const int64_t K1 = weights_->config.conv_kernel - 1, cd = weights_->config.conv_dim();
-  std::vector<float> seq;  // [K-1 + accepted, conv_dim]
-  for (auto& layer : conv_) {
-    for (size_t s = 0; s < slots.size(); ++s) {
-      ConvState& cs = layer[size_t(slots[s])];
-      seq.resize(size_t((K1 + accepted[s]) * cd));
-      std::copy(cs.committed.begin(), cs.committed.end(), seq.begin());
-      std::copy(cs.pending.begin(), cs.pending.begin() + int64_t(accepted[s]) * cd,
-                seq.begin() + K1 * cd);
-      std::copy(seq.end() - K1 * cd, seq.end(), cs.committed.begin());
-      cs.pending_count = 0;
-    }
-  }
+  ops_->conv_commit(slots, accepted);
   for (int slot : slots) pending_[size_t(slot)] = 0;
 }
 
@@ -293,109 +263,68 @@ void Mamba2Model::forward(std::span<const int> slots, const int32_t* tokens, int
       check(id >= 0 && id < V, "token id ", id, " at position ", t, " of slot ", slots[size_t(s)],
             " is outside the vocabulary 0..", V - 1);
     }
-  resid_.resize(size_t(R * d));  // [R, d]
-  for (int64_t r = 0; r < R; ++r) weights_->embeddings.row_f32(tokens[r], resid_.data() + r * d);
+  float* resid = resid_.of(R * d);  // [R, d]
+  ops_->embed(tokens, R, weights_->embeddings, resid);
   for (int l = 0; l < c.num_layers; ++l) layer_forward(l, slots, T, op);
-  // Final norm and lm_head, only for the rows the caller needs: all R, or each slot's last.
+  // Final norm and lm_head, only for the rows the caller needs: all R, or each slot's last
+  // (row s * T + T - 1, so rows T * d apart starting at row T - 1).
   const int64_t rows = all_logits ? R : S;
-  h_.resize(size_t(rows * d));  // [rows, d]
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t r = all_logits ? i : i * T + T - 1;
-    rms_norm(resid_.data() + r * d, weights_->norm_f.data(), d, c.layer_norm_epsilon,
-             h_.data() + i * d);
-  }
+  float* h = h_.of(rows * d);  // [rows, d]
+  ops_->rms_norm(all_logits ? resid : resid + (T - 1) * d, all_logits ? d : T * d, rows, d,
+                 weights_->norm_f, c.layer_norm_epsilon, h);
   logits.resize(size_t(rows * V));  // [rows, V]
-  matmul(h_.data(), rows, weights_->head(), nullptr, logits.data());
+  // Host ops write the caller's vector directly; device ops go through logits_ and one copy.
+  const bool host = ops_->memory() == MemoryKind::host;
+  float* out = host ? logits.data() : logits_.of(rows * V);
+  ops_->matmul(h, rows, weights_->head(), {}, out);
+  if (!host) ops_->to_host(out, logits.size() * sizeof(float), logits.data());
 }
 
 void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T, Op op) {
   const ModelConfig& c = weights_->config;
   const LayerWeights& w = weights_->layers[size_t(layer)];
   const int64_t d = c.hidden_size, H = c.num_heads, P = c.head_dim, N = c.state_size,
-                G = c.n_groups, K = c.conv_kernel, K1 = K - 1;
+                G = c.n_groups;
   const int64_t d_inner = c.d_inner(), cd = c.conv_dim();
   const int64_t rows = w.in_proj.rows;
   const int64_t z_off = 2 * int64_t(weights_->d_mlp), xbc_off = z_off + d_inner,
                 dt_off = xbc_off + cd;
   // All S slots' tokens are rows of one activation matrix: row s * T + t is token t of slots[s].
   const int64_t S = int64_t(slots.size()), R = S * T;
+  const DType act = runner_.activation_dtype;
+  const size_t act_size = dtype_size(act);
+  float* resid = static_cast<float*>(resid_.data());  // [R, d]
 
   // 1. Pre-norm and in_proj over all R rows (one GEMM: each row's result is independent of R).
-  h_.resize(size_t(R * d));  // [R, d]
-  for (int64_t r = 0; r < R; ++r)
-    rms_norm(resid_.data() + r * d, w.norm.data(), d, c.layer_norm_epsilon, h_.data() + r * d);
-  proj_.resize(size_t(R * rows));  // [R, in_proj rows]: z, xBC, dt
-  matmul(h_.data(), R, w.in_proj, w.in_bias.empty() ? nullptr : w.in_bias.data(), proj_.data());
+  float* h = h_.of(R * d);           // [R, d]
+  float* proj = proj_.of(R * rows);  // [R, in_proj rows]: z, xBC, dt
+  ops_->rms_norm(resid, d, R, d, w.norm, c.layer_norm_epsilon, h);
+  ops_->matmul(h, R, w.in_proj, w.in_bias, proj);
 
-  // 2. Causal depthwise conv1d per slot over [K-1 history inputs ++ T new inputs], then SiLU.
-  xbc_.resize(size_t(R * cd));         // [R, conv_dim]
-  seq_.resize(size_t((K1 + T) * cd));  // [K-1 + T, conv_dim], one slot at a time
-  for (int64_t s = 0; s < S; ++s) {
-    ConvState& cs = conv_[size_t(layer)][size_t(slots[size_t(s)])];
-    std::copy(cs.committed.begin(), cs.committed.end(), seq_.begin());
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(seq_.data() + (K1 + t) * cd, proj_.data() + (s * T + t) * rows + xbc_off,
-                  size_t(cd) * sizeof(float));
-    float* xbc = xbc_.data() + s * T * cd;  // [T, conv_dim] of this slot
-#pragma omp parallel for schedule(static) if (T * cd > 16384)
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t ch = 0; ch < cd; ++ch) {
-        float acc = w.conv_b[size_t(ch)];
-        for (int64_t i = 0; i < K; ++i)
-          acc += w.conv_w[size_t(ch * K + i)] * seq_[size_t((t + i) * cd + ch)];
-        xbc[t * cd + ch] = silu(acc);
-      }
-    }
-    if (op == Op::prefill) {
-      std::copy(seq_.end() - K1 * cd, seq_.end(), cs.committed.begin());
-    } else {
-      std::copy(seq_.begin() + K1 * cd, seq_.end(), cs.pending.begin());
-      cs.pending_count = int(T);
-    }
-  }
+  // 2. Causal depthwise conv1d per slot over [K-1 history inputs ++ T new inputs], then SiLU;
+  // prefill moves the history on, verify keeps the window as the slots' pending inputs.
+  float* xbc = xbc_.of(R * cd);  // [R, conv_dim]
+  ops_->conv_silu(layer, slots, T, proj, rows, xbc_off, w.conv_w, w.conv_b, op == Op::prefill, xbc);
 
-  // 3. Split into x [R, H, P], B [R, G, N], C [R, G, N] and raw dt [R, H].
-  x_.resize(size_t(R * d_inner));
-  B_.resize(size_t(R * G * N));
-  C_.resize(size_t(R * G * N));
-  dt_.resize(size_t(R * H));
-  for (int64_t r = 0; r < R; ++r) {
-    const float* src = xbc_.data() + r * cd;
-    std::memcpy(x_.data() + r * d_inner, src, size_t(d_inner) * sizeof(float));
-    std::memcpy(B_.data() + r * G * N, src + d_inner, size_t(G * N) * sizeof(float));
-    std::memcpy(C_.data() + r * G * N, src + d_inner + G * N, size_t(G * N) * sizeof(float));
-    std::memcpy(dt_.data() + r * H, proj_.data() + r * rows + dt_off, size_t(H) * sizeof(float));
-  }
-  const void* xp = x_.data();
-  const void* Bp = B_.data();
-  const void* Cp = C_.data();
-  if (runner_.activation_dtype == DType::bf16) {
-    auto narrow = [](const std::vector<float>& in, std::vector<uint16_t>& out) {
-      out.resize(in.size());
-      for (size_t i = 0; i < in.size(); ++i) out[i] = f32_to_bf16(in[i]);
-    };
-    narrow(x_, x16_);
-    narrow(B_, B16_);
-    narrow(C_, C16_);
-    xp = x16_.data();
-    Bp = B16_.data();
-    Cp = C16_.data();
-  }
+  // 3. Split into x [R, H, P], B [R, G, N], C [R, G, N] (activation dtype) and raw dt [R, H].
+  void* x = x_.reserve(size_t(R * d_inner) * act_size);
+  void* B = B_.reserve(size_t(R * G * N) * act_size);
+  void* C = C_.reserve(size_t(R * G * N) * act_size);
+  float* dt = dt_.of(R * H);
+  ops_->split_xbc(xbc, proj, rows, dt_off, R, d_inner, G * N, H, act, x, B, C, dt);
 
   // 4. The SSM through the replay cache, one call for all S slots (the checkpoint reads of a
-  // batch are the traffic batching exists to share): y [S, T, H, P] fp32, D x included.
-  const DType act = runner_.activation_dtype;
-  y_.resize(size_t(R * d_inner));
-  // On the CUDA backend the token tensors are staged to the device and y comes back; the GEMMs,
-  // conv and norms stay on the CPU (docs/model.md).
+  // batch are the traffic batching exists to share): y [S, T, H, P] fp32, D x included. The
+  // tensors are in the ops' memory, which is the cache backend's (host or device).
+  float* y = y_.of(R * d_inner);
   slot_ids_.assign(slots.begin(), slots.end());
   const TensorView slot_view = host_view(slot_ids_.data(), DType::i32, {S});  // [S]
-  const BackendKind be = runner_.backend;
-  const io::Staged xv(be, xp, act, {S, T, H, P});
-  const io::Staged Bv(be, Bp, act, {S, T, G, N});
-  const io::Staged Cv(be, Cp, act, {S, T, G, N});
-  const io::Staged dtv(be, dt_.data(), DType::f32, {S, T, H});
-  const io::Staged yv(be, y_.data(), DType::f32, {S, T, H, P});
+  const MemoryKind mem = ops_->memory();
+  const TensorView xv{x, act, {S, T, H, P}, mem};
+  const TensorView Bv{B, act, {S, T, G, N}, mem};
+  const TensorView Cv{C, act, {S, T, G, N}, mem};
+  const TensorView dtv{dt, DType::f32, {S, T, H}, mem};
+  const TensorView yv{y, DType::f32, {S, T, H, P}, mem};
   if (is_standard()) {
     if (op == Op::prefill) {
       // The prompt goes through in windows of up to max_window tokens, each as a fully accepted
@@ -404,8 +333,8 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
       const int64_t Wmax = runner_.max_window;
       for (int64_t t0 = 0; t0 < T; t0 += Wmax) {
         const int64_t n = std::min(Wmax, T - t0);
-        auto part = [&](const io::Staged& v, int64_t row) {
-          TensorView p = v.view();
+        auto part = [&](const TensorView& v, int64_t row) {
+          TensorView p = v;
           p.data = static_cast<uint8_t*>(p.data) + size_t(t0 * row) * dtype_size(p.dtype);
           p.shape[1] = n;
           return p;
@@ -422,14 +351,12 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
     } else {
       // A one-token window can only be committed whole (commit(1)), so it updates the state in
       // place: plain decoding without intermediate-state traffic, as serving engines run it.
-      standard_ssm(layer, slots, T, T == 1, xv.view(), Bv.view(), Cv.view(), dtv.view(), yv.view());
+      standard_ssm(layer, slots, T, T == 1, xv, Bv, Cv, dtv, yv);
     }
   } else if (op == Op::prefill) {
-    caches_[size_t(layer)].prefill(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
-                                   yv.view());
+    caches_[size_t(layer)].prefill(slot_view, xv, Bv, Cv, dtv, yv);
   } else {
-    caches_[size_t(layer)].verify(slot_view, xv.view(), Bv.view(), Cv.view(), dtv.view(),
-                                  yv.view());
+    caches_[size_t(layer)].verify(slot_view, xv, Bv, Cv, dtv, yv);
   }
   if (layer == capture_layer_) {
     // The trace stores fp32 inputs; with bf16 activations they are the bf16-rounded values, which
@@ -440,33 +367,29 @@ void Mamba2Model::layer_forward(int layer, std::span<const int> slots, int64_t T
     traced.window = int(T);
     traced.input = "in" + std::to_string(capture_.ops.size());
     io::TokenInputs& in = capture_.inputs[traced.input];
-    auto widen = [&](const std::vector<float>& f32, const std::vector<uint16_t>& b16) {
-      if (act != DType::bf16) return f32;
-      std::vector<float> out(b16.size());
-      for (size_t i = 0; i < b16.size(); ++i) out[i] = bf16_to_f32(b16[i]);
+    auto fetch = [&](const void* src, int64_t n) {  // [n] activation dtype -> fp32 on the host
+      std::vector<uint8_t> raw(size_t(n) * act_size);
+      ops_->to_host(src, raw.size(), raw.data());
+      std::vector<float> out(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = load_act(raw.data(), act, i);
       return out;
     };
-    in.x = widen(x_, x16_);
-    in.B = widen(B_, B16_);
-    in.C = widen(C_, C16_);
-    in.dt = dt_;
+    in.x = fetch(x, R * d_inner);
+    in.B = fetch(B, R * G * N);
+    in.C = fetch(C, R * G * N);
+    in.dt.resize(size_t(R * H));
+    ops_->to_host(dt, in.dt.size() * sizeof(float), in.dt.data());
     capture_.ops.push_back(std::move(traced));
   }
-  yv.copy_to_host(y_.data());
 
-  // 5. Gated RMSNorm: norm(y * silu(z)) over groups of d_inner / norm_groups, then out_proj.
-  g_.resize(size_t(R * d_inner));  // [R, d_inner]
-  const int64_t group = d_inner / c.norm_groups;
-  for (int64_t r = 0; r < R; ++r) {
-    const float* z = proj_.data() + r * rows + z_off;
-    float* g = g_.data() + r * d_inner;
-    for (int64_t i = 0; i < d_inner; ++i) g[i] = y_[size_t(r * d_inner + i)] * silu(z[i]);
-    for (int64_t g0 = 0; g0 < d_inner; g0 += group)
-      rms_norm(g + g0, w.gated_norm.data() + g0, group, c.layer_norm_epsilon, g + g0);
-  }
-  out_.resize(size_t(R * d));  // [R, d]
-  matmul(g_.data(), R, w.out_proj, w.out_bias.empty() ? nullptr : w.out_bias.data(), out_.data());
-  for (int64_t i = 0; i < R * d; ++i) resid_[size_t(i)] += out_[size_t(i)];
+  // 5. Gated RMSNorm: norm(y * silu(z)) over groups of d_inner / norm_groups, then out_proj and
+  // the residual add.
+  float* g = g_.of(R * d_inner);  // [R, d_inner]
+  ops_->gated_rms_norm(y, proj + z_off, rows, R, d_inner, c.norm_groups, w.gated_norm,
+                       c.layer_norm_epsilon, g);
+  float* out = out_.of(R * d);  // [R, d]
+  ops_->matmul(g, R, w.out_proj, w.out_bias, out);
+  ops_->add(resid, out, R * d);
 }
 
 void Mamba2Model::standard_ssm(int layer, std::span<const int> slots, int64_t T, bool in_place,

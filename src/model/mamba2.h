@@ -14,6 +14,11 @@
 // last K-1 committed inputs per slot plus the inputs of the pending window, so commit advances it
 // by exactly the accepted tokens and rejected drafts leave no trace.
 //
+// Backends: every op of the layer goes through a ModelOps (model/model_ops.h) chosen by
+// RunnerConfig::backend, so the layer sequence below exists once: on the CPU the ops are the
+// reference loops; on CUDA weights, activations and the conv history live on the device and the
+// GEMMs run through cuBLAS (docs/model.md "GPU path").
+//
 // SSM path (RunnerConfig::ssm): `replay` runs each layer's SSM through a ReplayCache; `standard`
 // is the baseline serving engines run today (include/replayssm/standard_decode.h): every layer
 // keeps a dense state [H, P, N] per slot, verify(W) applies the W tokens with standard_decode into
@@ -32,6 +37,7 @@
 
 #include "io/staging.h"
 #include "io/trace.h"
+#include "model/model_ops.h"
 #include "model/weights.h"
 #include "replayssm/cache.h"
 
@@ -55,12 +61,6 @@ struct RunnerConfig {
   // OpenMP threads (omp_set_num_threads, process-wide); 0 leaves the OpenMP default. Small
   // models decode fastest on one thread: a decode step is shorter than a thread team's wake-up.
   int threads = 0;
-};
-
-struct ConvState {
-  std::vector<float> committed;  // [K-1, conv_dim]: inputs of the last K-1 committed tokens
-  std::vector<float> pending;    // [max_window, conv_dim]: inputs of the last verify window
-  int pending_count = 0;
 };
 
 class Mamba2Model {
@@ -106,9 +106,8 @@ class Mamba2Model {
   ReplayCache& cache(int layer);       // the replay path's cache of `layer`
   // The standard path's committed state of (layer, slot) as fp32, [H, P, N].
   std::vector<float> standard_state(int layer, int slot) const;
-  const ConvState& conv_state(int layer, int slot) const {
-    return conv_[size_t(layer)][size_t(slot)];
-  }
+  // The conv history of (layer, slot), copied to the host.
+  ConvState conv_state(int layer, int slot) const { return ops_->conv_state(layer, slot); }
 
  private:
   enum class Op { prefill, verify };
@@ -128,10 +127,9 @@ class Mamba2Model {
 
   std::shared_ptr<const ModelWeights> weights_;
   RunnerConfig runner_;
-  std::vector<ReplayCache> caches_;           // [layers]
-  std::vector<LayerParams> layer_params_;     // [layers]
-  std::vector<std::vector<ConvState>> conv_;  // [layers][slots]
-  std::vector<int> pending_;                  // [slots] W of the uncommitted verify, or 0
+  std::vector<ReplayCache> caches_;        // [layers]
+  std::vector<LayerParams> layer_params_;  // [layers]
+  std::vector<int> pending_;               // [slots] W of the uncommitted verify, or 0
   // Standard path: states_[l] [slots, H, P, N]; inter_[l] [slots * max_window, H, P, N] holding
   // the states after each token of slot s's verify window in rows s * max_window + t; in_place_[s]
   // when its window (W = 1) updated the state directly. scratch_: batched verify's kernel output.
@@ -142,9 +140,13 @@ class Mamba2Model {
   int capture_layer_ = -1;
   io::Trace capture_;
 
-  // Workspace, sized for the largest T seen.
-  std::vector<float> resid_, h_, proj_, xbc_, seq_, x_, B_, C_, dt_, y_, g_, out_;
-  std::vector<uint16_t> x16_, B16_, C16_;
+  // The per-op implementations of runner_.backend (conv history included), and the activation
+  // workspace in their memory, sized for the largest batch seen (declared after ops_, so freed
+  // before it). resid [R, d], h [R, d], proj [R, in_proj rows], xbc [R, conv_dim], x [R, H, P],
+  // B and C [R, G, N] (activation dtype), dt [R, H], y [R, H, P], g [R, d_inner], out [R, d],
+  // logits [R, V] (the CUDA path's logits before the copy to the host).
+  std::unique_ptr<ModelOps> ops_;
+  OpsBuffer resid_, h_, proj_, xbc_, x_, B_, C_, dt_, y_, g_, out_, logits_;
   std::vector<int32_t> slot_ids_;  // [S]: the cache's i32 slot list
 };
 
