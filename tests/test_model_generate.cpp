@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/acceptance.h"
 #include "io/trace.h"
 #include "model/generate.h"
 #include "model/mamba2.h"

@@ -13,6 +13,7 @@
 // the cursor rules (cache/cursors.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include "cache/cursors.h"
 #include "cache/layout.h"
 #include "cli_common.h"
+#include "core/acceptance.h"
 #include "core/act.h"
 #include "io/staging.h"
 #include "model/mamba2.h"
@@ -68,19 +70,6 @@ struct Row {
   double fp32_us = 0, bf16_us = 0;  // the standard kernels of the same batch and T
 };
 
-// After the first token, each draft is accepted with probability q until the first rejection;
-// q solves 1 + q + ... + q^(W-1) = mean.
-double draft_acceptance(double mean, int W) {
-  double lo = 0.0, hi = 1.0;
-  for (int i = 0; i < 60; ++i) {
-    const double q = 0.5 * (lo + hi);
-    double sum = 0.0, term = 1.0;
-    for (int k = 0; k < W; ++k, term *= q) sum += term;
-    (sum < mean ? lo : hi) = q;
-  }
-  return 0.5 * (lo + hi);
-}
-
 // A host buffer and its view in the backend's memory (io::Staged copies it for CUDA).
 struct Buffer {
   std::vector<uint8_t> host;
@@ -117,6 +106,10 @@ struct Context {
   void* stream = nullptr;  // for the standard kernel on CUDA
   std::mt19937_64 rng;
   double copy_gbs = 0;  // measured copy bandwidth, the ceiling
+  // Per-draft acceptance (core/acceptance.h), solved from --accept-mean at the largest window
+  // benchmarked and kept for every window, as a drafter's acceptance rate would be.
+  double accept_rate = 0;
+  double mean_accepted(int W) const { return W > 1 ? mean_accepted_length(accept_rate, W) : 1.0; }
 };
 
 TensorView with_data(TensorView v, void* data, std::vector<int64_t> shape) {
@@ -166,7 +159,7 @@ Row bench_standard(Context& cx, int batch, DType sdt, int T) {
   r.batch = batch;
   r.window = T;
   r.us = time_steps(cx.backend, cx.stream, steps, cx.args.repeats, cx.args.cold_cache, step);
-  r.tokens = batch * (T > 1 ? cx.args.accept_mean : 1.0);
+  r.tokens = batch * cx.mean_accepted(T);
   const double state_bytes = double(s.state_elements()) * dtype_size(sdt);
   r.bytes = batch * (state_bytes * (T == 1 ? 2 : 1 + T) + io_bytes(s, cx.act, T));
   return r;
@@ -197,9 +190,8 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
                   y.view());
   }
   // Enough steps for flush_cycles flushes of every slot.
-  const double mean = W > 1 ? cx.args.accept_mean : 1.0;
-  const int steps = std::max(8, int(std::ceil(cx.args.flush_cycles * L / mean)));
-  const double q = draft_acceptance(mean, W);
+  const int steps = std::max(8, int(std::ceil(cx.args.flush_cycles * L / cx.mean_accepted(W))));
+  const double q = cx.accept_rate;
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::vector<int32_t> accepted(size_t(steps) * batch);
   double total_accepted = 0;
@@ -326,6 +318,7 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
             {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
             {"history", a.history},
             {"accept_mean", a.accept_mean},
+            {"accept_rate", cx.accept_rate},
             {"copy_gb_per_s", cx.copy_gbs},
             {"cold_cache", a.cold_cache},
             {"rows", out}}
@@ -343,11 +336,16 @@ void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                  speedup(r.bf16_us, r.us));
     return;
   }
+  std::string accepted_by_window;
+  for (int W : a.windows)
+    if (W > 1)
+      accepted_by_window += fmt::format(
+          "{} {:.2f} at W = {}", accepted_by_window.empty() ? "" : ",", cx.mean_accepted(W), W);
   fmt::print(
-      "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, mean accepted {:.2f} "
-      "at W > 1, median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
+      "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, per-draft acceptance {:.3f} "
+      "(mean accepted{}), median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
       backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
-      cx.shape.ngroups, a.history, a.accept_mean, a.repeats,
+      cx.shape.ngroups, a.history, cx.accept_rate, accepted_by_window, a.repeats,
       a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
   fmt::print(
       "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std fp32 "
@@ -382,8 +380,12 @@ void run_bench(const BenchArgs& a) {
   for (int W : a.windows)
     check(W >= 1 && W <= std::min(8, a.history / 2), "--windows: ", W, " outside 1..",
           std::min(8, a.history / 2));
-  for (int W : a.windows)
-    check(W == 1 || a.accept_mean <= W, "--accept-mean ", a.accept_mean, " exceeds window ", W);
+  const int max_window = *std::max_element(a.windows.begin(), a.windows.end());
+  if (max_window > 1) {
+    check(a.accept_mean <= max_window, "--accept-mean ", a.accept_mean,
+          " exceeds the largest window ", max_window);
+    cx.accept_rate = acceptance_for_mean(a.accept_mean, max_window);
+  }
   if (cx.backend == BackendKind::cuda) cx.stream = new_cuda_stream();
   cx.copy_gbs = copy_bandwidth_gbs(cx.backend, cx.stream, std::max(a.repeats, 5));
   if (a.check)
@@ -553,7 +555,9 @@ void register_bench(CLI::App& app) {
   b->add_option("--windows", args->windows, "verify windows W (1 = autoregressive)")
       ->delimiter(',')
       ->capture_default_str();
-  b->add_option("--accept-mean", args->accept_mean, "mean accepted tokens per verify at W > 1")
+  b->add_option("--accept-mean", args->accept_mean,
+                "mean accepted tokens per verify at the largest window; the per-draft acceptance "
+                "solved from it applies to every window")
       ->capture_default_str();
   b->add_option("--history", args->history, "ring capacity")->capture_default_str();
   b->add_option("--flush-cycles", args->flush_cycles, "flushes per slot in a timed run")

@@ -12,6 +12,7 @@
 
 #include "cache/layout.h"
 #include "cli_common.h"
+#include "core/acceptance.h"
 #include "core/formats.h"
 #include "io/staging.h"
 #include "replayssm/error.h"
@@ -83,7 +84,7 @@ class Demo {
     }
     // Accepted tokens per (step, request): a draft is accepted only if all before it were, with
     // the per-draft probability that gives the requested mean. Fixed up front for all modes.
-    const double prob = acceptance_probability(a.accept_mean, a.window);
+    const double prob = acceptance_for_mean(a.accept_mean, a.window);
     std::vector<int> done(size_t(a.batch), 0);
     Rng accept_rng(mix(a.seed, 0xacce97));
     while (*std::min_element(done.begin(), done.end()) < a.tokens) {
@@ -249,19 +250,6 @@ class Demo {
   }
 
  private:
-  static double acceptance_probability(double mean, int window) {
-    if (mean >= window) return 1.0;
-    if (mean <= 1.0) return 0.0;
-    double lo = 0, hi = 1;
-    for (int it = 0; it < 60; ++it) {
-      const double p = 0.5 * (lo + hi);
-      double expected = 0, term = 1;
-      for (int i = 0; i < window; ++i, term *= p) expected += term;
-      (expected < mean ? lo : hi) = p;
-    }
-    return 0.5 * (lo + hi);
-  }
-
   const DemoArgs& a_;
   SsmShape shape_;
   int layers_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/acceptance.h"
 #include "io/trace.h"
 #include "replayssm/error.h"
 
@@ -40,21 +41,6 @@ struct SimSlot {
   bool open = false;
   int committed = 0;
 };
-
-// Per-draft acceptance probability a with 1 + a + ... + a^(W-1) = mean (truncated geometric:
-// a draft is accepted only if every draft before it was), found by bisection.
-double acceptance_probability(double mean, int window) {
-  if (mean >= window) return 1.0;
-  if (mean <= 1.0) return 0.0;
-  double lo = 0, hi = 1;
-  for (int it = 0; it < 60; ++it) {
-    const double a = 0.5 * (lo + hi);
-    double expected = 0, term = 1;
-    for (int i = 0; i < window; ++i, term *= a) expected += term;
-    (expected < mean ? lo : hi) = a;
-  }
-  return 0.5 * (lo + hi);
-}
 
 }  // namespace
 
@@ -213,8 +199,9 @@ Trace generate_trace(const TraceGenOptions& o) {
       verify.window = rng.uniform() < 0.8 ? o.window : rng.between(2, o.window);
       verify.input = make_inputs(S * verify.window);
       trace.ops.push_back(verify);
-      const double a =
-          acceptance_probability(accept_mean * verify.window / o.window, verify.window);
+      const double a = acceptance_for_mean(
+          std::clamp(accept_mean * verify.window / o.window, 1.0, double(verify.window)),
+          verify.window);
       TraceOp commit;
       commit.kind = OpKind::commit;
       commit.slots = batch;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/acceptance.h"
 #include "core/formats.h"
 #include "core/splitmix.h"
 #include "replayssm/error.h"
@@ -83,23 +84,6 @@ ModelWeights random_weights(const ModelConfig& c, uint64_t seed) {
         random_matrix(d, di, 1.0f / std::sqrt(float(di * 2 * c.num_layers)), seed, ++tensor);
   }
   return w;
-}
-
-double acceptance_for_mean(double mean, int window) {
-  check(window >= 1, "synthetic acceptance: window must be >= 1, got ", window);
-  check(mean >= 1.0 && mean <= double(window), "synthetic acceptance: mean accepted length ", mean,
-        " is outside [1, ", window, "]");
-  auto expected = [&](double a) {
-    double s = 0, p = 1;
-    for (int i = 0; i < window; ++i, p *= a) s += p;
-    return s;
-  };
-  double lo = 0, hi = 1;  // expected() increases with a
-  for (int it = 0; it < 100; ++it) {
-    const double mid = 0.5 * (lo + hi);
-    (expected(mid) < mean ? lo : hi) = mid;
-  }
-  return 0.5 * (lo + hi);
 }
 
 SyntheticResult run_synthetic(Mamba2Model& model, const SyntheticOptions& o) {

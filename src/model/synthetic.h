@@ -40,10 +40,6 @@ struct SyntheticResult {
   double mean_accepted_length() const { return steps ? double(generated) / steps : 0; }
 };
 
-// Per-draft acceptance a with sum_{i<W} a^i = mean (the committed count is 1 + the number of
-// leading accepted drafts, each accepted with probability a).
-double acceptance_for_mean(double mean, int window);
-
 SyntheticResult run_synthetic(Mamba2Model& model, const SyntheticOptions& options);
 
 }  // namespace replayssm::model
