@@ -125,7 +125,7 @@ TEST(ModelCudaOps, GemmMatchesCpu) {
     OpsPair ops(weights);
     const LayerWeights& lw = weights->layers.back();
     for (const Matrix* W : {&lw.in_proj, &lw.out_proj, &weights->head()}) {
-      for (int64_t M : {1, 8, 70}) {
+      for (int64_t M : {1, 3, 8, 13, 70}) {  // the skinny kernel of each M class, and cuBLAS
         const int64_t N = W->rows, K = W->cols;
         const std::vector<float> X = random_floats(size_t(M * K), uint64_t(M * 7 + K), 1.5);
         std::vector<float> want(size_t(M * N));

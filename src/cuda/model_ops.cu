@@ -137,11 +137,18 @@ class CudaModelOps final : public model::ModelOps {
   //   gemm(opA = T on A = W^T-as-stored (K x N, lda K) -> W (N x K),
   //        opB = N on B = X^T (K x M, ldb K), C = Y^T (N x M, ldc N)), m = N, n = M, k = K.
   // cublasGemmEx needs A and B of one type, so bf16 weights are widened (exactly) into a
-  // scratch fp32 copy first; products and sums are fp32 (CUBLAS_COMPUTE_32F).
+  // scratch fp32 copy first; products and sums are fp32 (CUBLAS_COMPUTE_32F). Decode-sized
+  // products (M <= 16 token rows) of bf16 weights take skinny_matmul_bf16_kernel instead, which
+  // reads the weights once as stored (the same fp32 products; sums within the same error bound).
   void matmul(const float* X, int64_t M, const model::Matrix& W, const std::vector<float>& bias,
               float* Y) override {
     const int64_t N = W.rows, K = W.cols;
     if (M == 0 || N == 0) return;
+    if (W.type == model::Matrix::Type::bf16 && M <= 16 && K % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(X) % 16 == 0) {
+      skinny_matmul(X, int(M), W, bias, Y);
+      return;
+    }
     const float* A = nullptr;
     if (W.type == model::Matrix::Type::bf16) {
       widen_bf16_kernel<<<grid_for(N * K), kThreads>>>(dev_bf16(W), N * K, widened_);
@@ -158,6 +165,26 @@ class CudaModelOps final : public model::ModelOps {
       bias_kernel<<<grid_for(M * N), kThreads>>>(Y, dev(bias), M, N);
       check_launch();
     }
+  }
+
+  void skinny_matmul(const float* X, int M, const model::Matrix& W, const std::vector<float>& bias,
+                     float* Y) {
+    const int64_t N = W.rows, K = W.cols;
+    const float* b = bias.empty() ? nullptr : dev(bias);
+    auto launch = [&](auto kernel, int rows_per_warp) {
+      const int64_t rows_per_block = int64_t(kSkinnyWarps) * rows_per_warp;
+      kernel<<<unsigned((N + rows_per_block - 1) / rows_per_block), 32 * kSkinnyWarps>>>(
+          X, M, dev_bf16(W), N, K, b, Y);
+      check_launch();
+    };
+    if (M == 1)
+      launch(skinny_matmul_bf16_kernel<1, 4>, 4);
+    else if (M <= 4)
+      launch(skinny_matmul_bf16_kernel<4, 4>, 4);
+    else if (M <= 8)
+      launch(skinny_matmul_bf16_kernel<8, 4>, 4);
+    else
+      launch(skinny_matmul_bf16_kernel<16, 2>, 2);
   }
 
   void add(float* acc, const float* x, int64_t n) override {

@@ -204,4 +204,73 @@ __global__ void widen_bf16_kernel(const __nv_bfloat16* __restrict__ w, int64_t n
     out[e] = __bfloat162float(w[e]);
 }
 
+// Y[M, N] = X[M, K] W[N, K]^T (+ bias) for a few token rows (M <= kMaxM), bf16 W read as
+// stored: decode is a matrix-vector product whose cost is the weight bytes, so W is streamed
+// once at 2 bytes per element (the cuBLAS path must widen bf16 W to fp32 first: 10 bytes per
+// element moved instead of 2). Each warp owns kRows consecutive output rows; lane l takes the
+// 8-element chunks k = 8 l, 8 l + 256, ... of those rows and of every X row (X is small and
+// L1/L2-resident; it is read once per kRows weight rows), keeps kRows x kMaxM fp32 partial sums
+// and reduces them over the warp at the end.
+//   y[m, n] = sum_k float(w[n, k]) * x[m, k]     (fp32 products; the sum in another order than
+//                                                 the CPU's, within its fp32 error bound)
+// then + bias[n] rounded once (__fadd_rn), as bias_kernel does. K % 8 == 0 and 16-byte aligned
+// rows of X and W (checked by the caller).
+inline constexpr int kSkinnyWarps = 8;
+
+template <int kMaxM, int kRows>
+__global__ void __launch_bounds__(32 * kSkinnyWarps)
+    skinny_matmul_bf16_kernel(const float* __restrict__ X /*[M, K]*/, int M,
+                              const __nv_bfloat16* __restrict__ W /*[N, K]*/, int64_t N, int64_t K,
+                              const float* __restrict__ bias /*[N] or null*/,
+                              float* __restrict__ Y /*[M, N]*/) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (int64_t(blockIdx.x) * kSkinnyWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= N) return;  // whole warps leave together
+  float acc[kRows][kMaxM];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m) acc[r][m] = 0.f;
+  for (int64_t k = 8 * lane; k < K; k += 256) {
+    float w[kRows][8];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t n = min(row0 + r, N - 1);  // rows past N compute on a duplicate, never stored
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(W + n * K + k));
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[r][2 * i] = __uint_as_float(words[i] << 16);  // bf16 -> fp32 is a shift (exact)
+        w[r][2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m) {
+      if (m >= M) break;
+      const float4 x0 = __ldg(reinterpret_cast<const float4*>(X + int64_t(m) * K + k));
+      const float4 x1 = __ldg(reinterpret_cast<const float4*>(X + int64_t(m) * K + k + 4));
+      const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][m] = fmaf(w[r][i], xv[i], acc[r][m]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], o);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t n = row0 + r;
+    if (n >= N) break;
+#pragma unroll
+    for (int m = 0; m < kMaxM; ++m)
+      if (m < M) Y[int64_t(m) * N + n] = bias ? __fadd_rn(acc[r][m], bias[n]) : acc[r][m];
+  }
+}
+
 }  // namespace replayssm::cuda
