@@ -186,4 +186,32 @@ __device__ __forceinline__ float row_sum_values(float (&v)[K], int lane_in_row, 
   return s;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with launch_dependent() may be
+// scheduled while the kernel before it in the stream is still running, which hides the launch
+// latency of a chain of small kernels (a decode step at batch 1). Such a kernel calls
+// wait_for_previous_grid() before it touches memory: that returns once the previous grid has
+// completed and its writes are visible, so results are those of a plain launch. After a plain
+// launch, or before sm_90, it returns at once.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+template <typename... KernelArgs, typename... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  RSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, KernelArgs(args)...));
+}
+
 }  // namespace replayssm::cuda

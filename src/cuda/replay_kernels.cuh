@@ -374,6 +374,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
 // barrier between items keeps one item's shared memory from being overwritten by the next.
 template <Mode kMode, typename ActT>
 __global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayParams p) {
+  wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -587,6 +588,7 @@ constexpr int verify_min_blocks(Mode mode, int kW) {
 template <Mode kMode, typename ActT, int kW, int kEntries>
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     verify_kernel(const ReplayParams p) {
+  wait_for_previous_grid();  // launched dependent on flush_kernel at small batches
   extern __shared__ float4 smem_raw[];
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = H / G / p.heads_per_block;

@@ -15,6 +15,16 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// A plain or (lc.dependent) a programmatic dependent launch.
+template <typename Kernel>
+void launch(const LaunchConfig& lc, Kernel kernel, int grid, int block, size_t smem,
+            const ReplayParams& p) {
+  if (lc.dependent)
+    launch_dependent(kernel, dim3(grid), dim3(block), smem, lc.stream, p);
+  else
+    kernel<<<grid, block, smem, lc.stream>>>(p);
+}
+
 template <Mode kMode>
 void ModeLaunchers<kMode>::prefill(const ReplayParams& p, const LaunchConfig& lc) {
   with_act(lc, [&]<typename ActT>() {
@@ -36,7 +46,7 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
                                                                     lc.smem_fold));
       *lc.flush_grid = std::max(1, per_sm) * lc.sm_count;
     }
-    kernel<<<std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, lc.stream>>>(p);
+    launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
   });
 }
 
@@ -56,7 +66,7 @@ void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
   auto run = [&](auto kernel, int windows) {
     const size_t smem = StepSmem::bytes(p.L, p.N, windows) + lc.verify_stage_bytes;
     allow_dynamic_smem(kernel, smem);
-    kernel<<<blocks, kVerifyThreads, smem, lc.stream>>>(p);
+    launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
   with_act(lc, [&]<typename ActT>() {
     auto with_window = [&]<int kEntries>() {

@@ -19,6 +19,8 @@ struct LaunchConfig {
   size_t smem_fold;           // flush, prefill, dense
   size_t verify_stage_bytes;  // verify_kernel's checkpoint staging (all stages)
   int* flush_grid;            // cached grid of flush_kernel, 0 until the first launch
+  bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
+                              // before them in the stream (cuda_common.cuh)
 };
 
 template <Mode kMode>

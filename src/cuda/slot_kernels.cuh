@@ -124,6 +124,7 @@ __global__ void verify_finalize_kernel(const ReplayParams p) {
 // commit: accepted [B] on the device; invalid counts raise an error and leave the slot as is.
 __global__ void commit_kernel(SlotCursors* cursors, const int32_t* slots, const int32_t* accepted,
                               int batch, DeviceError* error) {
+  wait_for_previous_grid();  // launched dependent on the verify before it
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch) return;
   const int slot = slots[b];
