@@ -102,21 +102,23 @@ void run(const DriftArgs& args, bool shape_given) {
     check(!ec, "cannot create output directory ", dir, ": ", ec.message());
 
     std::string last_label;
+    int64_t next_line = 0;  // without a terminal: a line per label and per tenth of the work
     Progress steps_bar(
         config.steps * config.seeds * int64_t(config.histories.size() * config.regimes.size()),
         !args.quiet);
     int64_t shown = 0;
-    const drift::DriftResult result =
-        drift::run_drift(config, [&](int64_t done, int64_t total, const std::string& label) {
-          if (!label.empty()) steps_bar.set_label(label);
-          steps_bar.advance(done - shown);
-          shown = done;
-          if (!args.quiet && !tty && label != last_label && !label.empty()) {
-            fmt::print(stderr, "drift: {} stream: {} ({}/{} token-steps)\n",
-                       drift::stream_name(stream), label, done, total);
-            last_label = label;
-          }
-        });
+    const drift::DriftResult result = drift::run_drift(config, [&](int64_t done, int64_t total,
+                                                                   const std::string& label) {
+      if (!label.empty()) steps_bar.set_label(label);
+      steps_bar.advance(done - shown);
+      shown = done;
+      if (!args.quiet && !tty && ((label != last_label && !label.empty()) || done >= next_line)) {
+        fmt::print(stderr, "drift: {} stream: {} ({}/{} token-steps)\n", drift::stream_name(stream),
+                   label.empty() ? last_label : label, done, total);
+        if (!label.empty()) last_label = label;
+        next_line = done + std::max<int64_t>(total / 10, 1);
+      }
+    });
     steps_bar.finish();
 
     {
