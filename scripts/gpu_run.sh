@@ -2,7 +2,8 @@
 # Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
-#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile drift (default: all)
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls drift
+#                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), PROFILE_ARGS (the profiled bench's),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
@@ -66,6 +67,15 @@ if has profile; then
       $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows $w \
       ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
   done
+fi
+if has stalls; then
+  # Where the flush and verify kernels wait: warp-state (stall reasons), scheduler, occupancy and
+  # memory sections of one launch each, W = 8 (PROFILE_ARGS: the bench options).
+  step stalls 240 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
+    -k regex:'flush_kernel|verify_kernel' -c 4 \
+    $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows 8 \
+    ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
 fi
 if has drift; then
   step drift 150 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
