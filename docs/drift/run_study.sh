@@ -28,3 +28,8 @@ done
 "$bin" drift --shape 8,64,128,1 --steps 8192 --seeds 2 --stream long,mamba2 --regime ar -q \
   --modes fp16,fp16-sr7,shared-fp8,shared-int8,separate-fp8,separate-nvfp4 --no-plots \
   --out "$out/runs/shape128" > "$out/runs/table_shape128.txt"
+
+# A whole layer of the Mamba-2 2.7B shape (80 heads x 64 x 128, 1 group), 32K tokens, every arm,
+# autoregressive and speculative, one seed (about 17 minutes on 2 cores); two plots kept.
+"$bin" drift --shape 80,64,128,1 --steps 32768 --seeds 1 -q --out "$out/runs/model" \
+  > "$out/runs/table_model.txt"
