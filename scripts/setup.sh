@@ -7,8 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The Python module (pybind11, python3-dev) and its tests (python3-numpy) are part of the build.
 packages=(g++ cmake ninja-build libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev
-          libfmt-dev)
+          libfmt-dev pybind11-dev python3-dev python3-numpy)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -18,6 +19,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${missing[@]}"
+fi
+
+# numpy for the Python module's tests, in the python3 that CMake finds first on PATH (a pyenv or
+# virtualenv interpreter does not see Debian's python3-numpy; Debian's own python3 does).
+if ! python3 -c 'import numpy' >/dev/null 2>&1; then
+  echo "installing: numpy (pip)" >&2
+  python3 -m pip install --quiet numpy
 fi
 
 # nvcc lives outside PATH in a default toolkit install.

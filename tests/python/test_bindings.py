@@ -1,0 +1,149 @@
+"""The Python module against an independent numpy reference: the per-token recurrence of SPEC 2
+in float64, written here from the formulas, not from the C++ code.
+
+Run by CTest (label cpu) with PYTHONPATH=build/python.
+"""
+import unittest
+
+import numpy as np
+
+import replayssm
+
+
+def softplus(u):
+    return np.where(u > 20.0, u, np.log1p(np.exp(np.minimum(u, 20.0))))
+
+
+class Layer:
+    """Per-token recurrence, float64: S = exp(delta A) S + delta x B^T, y = S C + D x."""
+
+    def __init__(self, shape, A_log, dt_bias, D, slots):
+        H, P, N, G = shape
+        self.shape = shape
+        self.A = -np.exp(A_log.astype(np.float64))
+        self.dt_bias = dt_bias.astype(np.float64)
+        self.D = D.astype(np.float64)
+        self.S = np.zeros((slots, H, P, N))
+
+    def step(self, slot, x, B, C, dt):  # x [H, P], B/C [G, N], dt [H] -> y [H, P]
+        H, P, N, G = self.shape
+        g = np.arange(H) // (H // G)
+        delta = softplus(dt.astype(np.float64) + self.dt_bias)
+        a = np.exp(delta * self.A)
+        S = self.S[slot]
+        S *= a[:, None, None]
+        S += (delta[:, None] * x)[:, :, None] * B[g][:, None, :]
+        self.S[slot] = S
+        return np.einsum("hpn,hn->hp", S, C[g].astype(np.float64)) + self.D[:, None] * x
+
+
+def bf16(a):
+    """Round float32 to bf16 (nearest even), as the cache stores bf16 activations."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+class BindingsTest(unittest.TestCase):
+    shape = (8, 16, 64, 2)
+
+    def make(self, mode, slots=3, activation="fp32"):
+        rng = np.random.default_rng(5)
+        H = self.shape[0]
+        self.params = dict(
+            A_log=rng.uniform(-1.0, 1.5, H).astype(np.float32),
+            dt_bias=rng.uniform(-3.0, -1.0, H).astype(np.float32),
+            D=rng.uniform(0.5, 1.5, H).astype(np.float32),
+        )
+        cache = replayssm.ReplayCache(self.shape, mode=mode, num_slots=slots,
+                                      activation=activation, **self.params)
+        ref = Layer(self.shape, slots=slots, **self.params)
+        return cache, ref, rng
+
+    def tokens(self, rng, batch, T):
+        H, P, N, G = self.shape
+        return (rng.normal(0, 1, (batch, T, H, P)).astype(np.float32),
+                rng.normal(0, 0.3, (batch, T, G, N)).astype(np.float32),
+                rng.normal(0, 0.3, (batch, T, G, N)).astype(np.float32),
+                rng.normal(0, 1, (batch, T, H)).astype(np.float32))
+
+    def run_decode(self, mode, activation, tol):
+        cache, ref, rng = self.make(mode, activation=activation)
+        slots = np.array([cache.allocate(10), cache.allocate(11)], dtype=np.int32)
+        rounding = bf16 if activation == "bf16" else (lambda a: a)
+        x, B, C, dt = self.tokens(rng, 2, 5)
+        y = cache.prefill(slots, x, B, C, dt)
+        want = [[ref.step(s, rounding(x[b, t]), rounding(B[b, t]), rounding(C[b, t]), dt[b, t])
+                 for t in range(5)] for b, s in enumerate(slots)]
+        worst = rel(y, np.array(want))
+        for _ in range(30):
+            W = int(rng.integers(1, 9))
+            x, B, C, dt = self.tokens(rng, 2, W)
+            y = cache.verify(slots, x, B, C, dt)
+            accepted = rng.integers(1, W + 1, 2).astype(np.int32)
+            for b, s in enumerate(slots):  # only the accepted prefix reaches the reference
+                want = np.array([ref.step(s, rounding(x[b, t]), rounding(B[b, t]),
+                                          rounding(C[b, t]), dt[b, t])
+                                 for t in range(accepted[b])])
+                worst = max(worst, rel(y[b, :accepted[b]], want))
+            cache.commit(slots, accepted)
+        for b, s in enumerate(slots):
+            worst = max(worst, rel(cache.state(int(s)), ref.S[s]))
+        self.assertLess(worst, tol, f"{mode}/{activation}")
+        self.assertGreater(cache.stats()["flushes"], 4)
+        return worst
+
+    def test_fp32_mode_matches_the_recurrence(self):
+        self.run_decode("fp32", "fp32", 1e-5)
+
+    def test_bf16_activations_are_rounded_like_the_reference(self):
+        self.run_decode("fp32", "bf16", 1e-5)
+
+    def test_separate_fp8_within_its_encoding_error(self):
+        # outputs read an fp8 copy (3 mantissa bits): a few percent per element at most
+        self.run_decode("separate-fp8", "bf16", 5e-2)
+
+    def test_rejected_drafts_leave_the_slot_unchanged(self):
+        # Two caches see the same accepted tokens and different rejected drafts: after every
+        # commit their slots are identical, through flushes (c + 6 > 16 every few steps).
+        a, _, rng = self.make("separate-nvfp4")
+        b = self.make("separate-nvfp4")[0]
+        slot = np.array([a.allocate(3)], dtype=np.int32)
+        b.allocate(3)
+        prompt = self.tokens(rng, 1, 4)
+        a.prefill(slot, *prompt)
+        b.prefill(slot, *prompt)
+        for _ in range(20):
+            window = self.tokens(rng, 1, 6)
+            other = self.tokens(rng, 1, 6)
+            k = int(rng.integers(1, 4))
+            for t, u in zip(window, other):
+                u[:, :k] = t[:, :k]  # the accepted prefix is shared, the drafts after it differ
+            a.verify(slot, *window)
+            b.verify(slot, *other)
+            a.commit(slot, np.array([k], dtype=np.int32))
+            b.commit(slot, np.array([k], dtype=np.int32))
+            self.assertEqual(a.cursors(0), b.cursors(0))
+            np.testing.assert_array_equal(a.state(0), b.state(0))
+            self.assertEqual(a.export_slot(0), b.export_slot(0))
+        self.assertGreater(a.stats()["flushes"], 2)
+
+    def test_errors_name_the_problem(self):
+        cache, _, rng = self.make("fp32")
+        slot = np.array([cache.allocate(1)], dtype=np.int32)
+        with self.assertRaisesRegex(replayssm.Error, "window"):
+            cache.verify(slot, *self.tokens(rng, 1, 9))  # above max_window
+        cache.verify(slot, *self.tokens(rng, 1, 2))
+        with self.assertRaisesRegex(ValueError, "pending"):  # replayssm.Error is a ValueError
+            cache.commit(slot, np.array([3], dtype=np.int32))
+        with self.assertRaisesRegex(replayssm.Error, "backend"):
+            replayssm.ReplayCache(self.shape, backend="cuda", **self.params)
+        self.assertIn("separate-fp8", repr(self.make("separate-fp8")[0]))
+
+
+if __name__ == "__main__":
+    unittest.main()
