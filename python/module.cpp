@@ -1,11 +1,12 @@
-// Python bindings of the replay cache (one layer), for prototyping and testing from Python with
-// numpy arrays on the CPU backend. The C++ API (include/replayssm/cache.h) is the reference; this
-// file only converts arrays and names. Built as the module `replayssm` (build/python/) when
-// pybind11 is found; docs/python.md.
+// Python bindings of the replay cache (one layer). The C++ API (include/replayssm/cache.h) is the
+// reference; this file only converts arrays and names. Built as the module `replayssm`
+// (build/python/) when pybind11 is found; docs/python.md.
 //
-// Arrays: slots int32 [B]; x float32 [B, T, H, P]; B, C float32 [B, T, G, N]; dt float32
-// [B, T, H]; outputs float32 [B, T, H, P]. With activation="bf16" (the default, as in C++) the
-// float32 inputs are rounded to bf16 here, as a model would hand them over.
+// Arrays: slots int32 [B]; x [B, T, H, P]; B, C [B, T, G, N]; dt float32 [B, T, H]; y float32
+// [B, T, H, P]. numpy arrays are converted as needed (float32 inputs are rounded to bf16 here when
+// the cache's activation dtype is bf16, as a model would hand them over); any other array with
+// __dlpack__ (torch, cupy, jax) is passed without a copy and must be C-contiguous and already of
+// the cache's activation dtype.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -31,6 +32,78 @@ std::vector<int64_t> shape_of(const py::array& a) {
   return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
 }
 
+// The DLPack ABI (dmlc/dlpack, version 0.8: the legacy "dltensor" capsule of __dlpack__()).
+struct DLDevice {
+  int32_t device_type;  // 1 CPU, 2 CUDA, 3 CUDA host (pinned)
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null means C-contiguous
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// One array argument: its view and whatever keeps its memory alive during the call.
+struct Tensor {
+  py::object keep;                // the capsule or the (converted) numpy array
+  std::vector<uint16_t> rounded;  // the bf16 copy of a float32 numpy input
+  TensorView view;
+};
+
+// An array with __dlpack__ that is not a numpy array: viewed in place (no copy).
+Tensor from_dlpack(const py::handle obj, const char* name) {
+  Tensor t;
+  t.keep = obj.attr("__dlpack__")();
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(t.keep.ptr(), "dltensor"));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    fail("replayssm: ", name, ": __dlpack__ did not return a 'dltensor' capsule");
+  }
+  const DLTensor& d = managed->dl_tensor;
+  const DLDataType dt = d.dtype;
+  check(dt.lanes == 1, "replayssm: ", name, ": vector dtypes are not supported");
+  DType dtype;
+  if (dt.code == 2 && dt.bits == 32)
+    dtype = DType::f32;
+  else if (dt.code == 2 && dt.bits == 16)
+    dtype = DType::f16;
+  else if (dt.code == 4 && dt.bits == 16)
+    dtype = DType::bf16;
+  else if (dt.code == 0 && dt.bits == 32)
+    dtype = DType::i32;
+  else
+    fail("replayssm: ", name, ": dtype code ", int(dt.code), " bits ", int(dt.bits),
+         " is not float32, float16, bfloat16 or int32");
+  check(d.device.device_type == 1 || d.device.device_type == 2 || d.device.device_type == 3,
+        "replayssm: ", name, ": device type ", d.device.device_type, " is not CPU or CUDA");
+  std::vector<int64_t> shape(d.shape, d.shape + d.ndim);
+  if (d.strides != nullptr) {
+    int64_t expected = 1;
+    for (int i = d.ndim - 1; i >= 0; --i) {
+      check(shape[size_t(i)] == 1 || d.strides[i] == expected, "replayssm: ", name,
+            " must be C-contiguous (call .contiguous() first)");
+      expected *= shape[size_t(i)];
+    }
+  }
+  t.view = TensorView{static_cast<uint8_t*>(d.data) + d.byte_offset, dtype, std::move(shape),
+                      d.device.device_type == 2 ? MemoryKind::cuda : MemoryKind::host};
+  return t;
+}
+
 // Per-head parameters: float32 [H].
 std::vector<float> vector_of(const F32Array& a, const char* name) {
   check(a.ndim() == 1, "replayssm: ", name, " must be one-dimensional, got ", a.ndim(),
@@ -52,21 +125,23 @@ class PyCache {
   void fork(int src, int dst, uint64_t request_id) { cache_.fork(src, dst, request_id); }
   bool is_open(int slot) const { return cache_.is_open(slot); }
 
-  F32Array prefill(const I32Array& slots, const F32Array& x, const F32Array& B, const F32Array& C,
-                   const F32Array& dt) {
-    return run(true, slots, x, B, C, dt);
+  py::object prefill(py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
+                     py::handle y) {
+    return run(true, slots, x, B, C, dt, y);
   }
-  F32Array verify(const I32Array& slots, const F32Array& x, const F32Array& B, const F32Array& C,
-                  const F32Array& dt) {
-    return run(false, slots, x, B, C, dt);
+  py::object verify(py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
+                    py::handle y) {
+    return run(false, slots, x, B, C, dt, y);
   }
-  void commit(const I32Array& slots, const I32Array& accepted) {
-    cache_.commit(host_view(slots.data(), DType::i32, {slots.size()}),
-                  TensorView{const_cast<int32_t*>(accepted.data()), DType::i32, shape_of(accepted),
-                             MemoryKind::host});
+  void commit(py::handle slots, py::handle accepted) {
+    const Tensor s = int_arg(slots, "slots"), a = int_arg(accepted, "accepted");
+    py::gil_scoped_release unlocked;
+    cache_.commit(s.view, a.view);
   }
-  void flush(const I32Array& slots) {
-    cache_.flush(host_view(slots.data(), DType::i32, {slots.size()}));
+  void flush(py::handle slots) {
+    const Tensor s = int_arg(slots, "slots");
+    py::gil_scoped_release unlocked;
+    cache_.flush(s.view);
   }
 
   F32Array state(int slot, int at) const {
@@ -144,30 +219,70 @@ class PyCache {
     return ReplayCache(s, params, config, BackendKind::cpu);
   }
 
-  // An input in the cache's activation dtype: the array itself (fp32), or a bf16 copy.
-  TensorView activation(const F32Array& a, std::vector<uint16_t>& bf16) const {
-    if (cache_.config().activation_dtype == DType::f32)
-      return TensorView{const_cast<float*>(a.data()), DType::f32, shape_of(a), MemoryKind::host};
-    bf16.resize(size_t(a.size()));
-    for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = f32_to_bf16(a.data()[i]);
-    return TensorView{bf16.data(), DType::bf16, shape_of(a), MemoryKind::host};
+  static bool dlpack_only(py::handle obj) {
+    return !py::isinstance<py::array>(obj) && py::hasattr(obj, "__dlpack__");
+  }
+  // slots, accepted: int32 [B].
+  static Tensor int_arg(py::handle obj, const char* name) {
+    if (dlpack_only(obj)) return from_dlpack(obj, name);
+    Tensor t;
+    const I32Array a = I32Array::ensure(obj);
+    check(bool(a), "replayssm: ", name, " is not an array of integers");
+    t.keep = a;
+    t.view = TensorView{const_cast<int32_t*>(a.data()), DType::i32, shape_of(a), MemoryKind::host};
+    return t;
+  }
+  // dt: float32; x, B, C (round = true): in the cache's activation dtype, a bf16 copy of float32
+  // numpy values when that is bf16.
+  Tensor float_arg(py::handle obj, const char* name, bool round) const {
+    if (dlpack_only(obj)) return from_dlpack(obj, name);
+    Tensor t;
+    const F32Array a = F32Array::ensure(obj);
+    check(bool(a), "replayssm: ", name, " is not an array of numbers");
+    t.keep = a;
+    if (round && cache_.config().activation_dtype == DType::bf16) {
+      t.rounded.resize(size_t(a.size()));
+      for (size_t i = 0; i < t.rounded.size(); ++i) t.rounded[i] = f32_to_bf16(a.data()[i]);
+      t.view = TensorView{t.rounded.data(), DType::bf16, shape_of(a), MemoryKind::host};
+    } else {
+      t.view = TensorView{const_cast<float*>(a.data()), DType::f32, shape_of(a), MemoryKind::host};
+    }
+    return t;
   }
 
-  F32Array run(bool prefill, const I32Array& slots, const F32Array& x, const F32Array& B,
-               const F32Array& C, const F32Array& dt) {
-    check(x.ndim() == 4, "replayssm: x must be [B, T, H, P], got ", x.ndim(), " dimensions");
-    F32Array y({x.shape(0), x.shape(1), x.shape(2), x.shape(3)});
-    std::vector<uint16_t> xb, Bb, Cb;
-    const TensorView sv = host_view(slots.data(), DType::i32, {slots.size()});
-    const TensorView dv{const_cast<float*>(dt.data()), DType::f32, shape_of(dt), MemoryKind::host};
-    const TensorView yv{y.mutable_data(), DType::f32, shape_of(y), MemoryKind::host};
-    const TensorView xv = activation(x, xb), Bv = activation(B, Bb), Cv = activation(C, Cb);
-    py::gil_scoped_release unlocked;  // the cache's OpenMP threads do the work
+  // y: written into the given array (float32, C-contiguous, writable), or a new numpy array.
+  py::object run(bool prefill, py::handle slots, py::handle x, py::handle B, py::handle C,
+                 py::handle dt, py::handle y) {
+    const Tensor ts = int_arg(slots, "slots"), tx = float_arg(x, "x", true),
+                 tB = float_arg(B, "B", true), tC = float_arg(C, "C", true),
+                 tdt = float_arg(dt, "dt", false);
+    Tensor ty;
+    py::object result;
+    if (y.is_none()) {
+      check(tx.view.memory == MemoryKind::host,
+            "replayssm: x is in CUDA memory; pass y= (a CUDA float32 array) for the outputs");
+      check(tx.view.shape.size() == 4, "replayssm: x must be [B, T, H, P], got ",
+            tx.view.describe());
+      F32Array out(tx.view.shape);
+      ty.view = TensorView{out.mutable_data(), DType::f32, tx.view.shape, MemoryKind::host};
+      result = out;
+    } else if (dlpack_only(y)) {
+      ty = from_dlpack(y, "y");
+      result = py::reinterpret_borrow<py::object>(y);
+    } else {
+      const py::array a = py::reinterpret_borrow<py::array>(y);
+      check(
+          a.dtype().is(py::dtype::of<float>()) && (a.flags() & py::array::c_style) && a.writeable(),
+          "replayssm: y must be a writable C-contiguous float32 array");
+      ty.view = TensorView{const_cast<void*>(a.data()), DType::f32, shape_of(a), MemoryKind::host};
+      result = py::reinterpret_borrow<py::object>(y);
+    }
+    py::gil_scoped_release unlocked;  // the cache's threads (or the GPU) do the work
     if (prefill)
-      cache_.prefill(sv, xv, Bv, Cv, dv, yv);
+      cache_.prefill(ts.view, tx.view, tB.view, tC.view, tdt.view, ty.view);
     else
-      cache_.verify(sv, xv, Bv, Cv, dv, yv);
-    return y;
+      cache_.verify(ts.view, tx.view, tB.view, tC.view, tdt.view, ty.view);
+    return result;
   }
 
   ReplayCache cache_;
@@ -197,9 +312,11 @@ PYBIND11_MODULE(replayssm, m) {
       .def("fork", &PyCache::fork, py::arg("src"), py::arg("dst"), py::arg("request_id"))
       .def("is_open", &PyCache::is_open, py::arg("slot"))
       .def("prefill", &PyCache::prefill, py::arg("slots"), py::arg("x"), py::arg("B"), py::arg("C"),
-           py::arg("dt"), "folds committed entries, runs the tokens; returns y")
+           py::arg("dt"), py::arg("y") = py::none(),
+           "folds committed entries, runs the tokens; returns y (written into y= if given)")
       .def("verify", &PyCache::verify, py::arg("slots"), py::arg("x"), py::arg("B"), py::arg("C"),
-           py::arg("dt"), "appends the window as pending entries; returns y of every position")
+           py::arg("dt"), py::arg("y") = py::none(),
+           "appends the window as pending entries; returns y of every position")
       .def("commit", &PyCache::commit, py::arg("slots"), py::arg("accepted"))
       .def("flush", &PyCache::flush, py::arg("slots"))
       .def("state", &PyCache::state, py::arg("slot"), py::arg("at") = -1,

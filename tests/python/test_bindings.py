@@ -48,6 +48,19 @@ def rel(a, b):
     return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
+class Foreign:
+    """An array the module sees only through DLPack, as it sees a torch or cupy tensor."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 class BindingsTest(unittest.TestCase):
     shape = (8, 16, 64, 2)
 
@@ -131,6 +144,35 @@ class BindingsTest(unittest.TestCase):
             np.testing.assert_array_equal(a.state(0), b.state(0))
             self.assertEqual(a.export_slot(0), b.export_slot(0))
         self.assertGreater(a.stats()["flushes"], 2)
+
+    def test_dlpack_arrays_are_used_in_place(self):
+        # The same step through numpy and through DLPack views (y written into the caller's
+        # array) gives the same bits; DLPack inputs must already be of the activation dtype.
+        a, _, rng = self.make("separate-fp8", activation="fp32")
+        b = self.make("separate-fp8", activation="fp32")[0]
+        slots = np.array([a.allocate(1), a.allocate(2)], dtype=np.int32)
+        b.allocate(1), b.allocate(2)
+        for _ in range(12):
+            x, B, C, dt = self.tokens(rng, 2, 4)
+            y = a.verify(slots, x, B, C, dt)
+            out = np.full_like(y, np.nan)
+            ret = b.verify(Foreign(slots), Foreign(x), Foreign(B), Foreign(C), Foreign(dt),
+                           y=Foreign(out))
+            np.testing.assert_array_equal(out, y)
+            self.assertIsInstance(ret, Foreign)
+            accepted = rng.integers(1, 5, 2).astype(np.int32)
+            a.commit(slots, accepted)
+            b.commit(Foreign(slots), Foreign(accepted))
+        self.assertEqual(a.export_slot(0), b.export_slot(0))
+        x, B, C, dt = self.tokens(rng, 2, 4)
+        with self.assertRaisesRegex(replayssm.Error, "C-contiguous"):
+            b.verify(slots, Foreign(np.asfortranarray(x)), B, C, dt)
+        with self.assertRaisesRegex(replayssm.Error, "bits 64"):
+            b.verify(slots, Foreign(x.astype(np.float64)), B, C, dt)
+        c = self.make("fp32", activation="bf16")[0]
+        c.allocate(1)
+        with self.assertRaisesRegex(replayssm.Error, "fp32"):  # float32 given to a bf16 cache
+            c.verify(slots[:1], Foreign(x[:1]), Foreign(B[:1]), Foreign(C[:1]), Foreign(dt[:1]))
 
     def test_errors_name_the_problem(self):
         cache, _, rng = self.make("fp32")
