@@ -171,20 +171,21 @@ class CudaModelOps final : public model::ModelOps {
                      float* Y) {
     const int64_t N = W.rows, K = W.cols;
     const float* b = bias.empty() ? nullptr : dev(bias);
-    auto launch = [&](auto kernel, int rows_per_warp) {
-      const int64_t rows_per_block = int64_t(kSkinnyWarps) * rows_per_warp;
-      kernel<<<unsigned((N + rows_per_block - 1) / rows_per_block), 32 * kSkinnyWarps>>>(
-          X, M, dev_bf16(W), N, K, b, Y);
+    auto launch = [&]<int kMaxM, int kRows>() {
+      const int64_t rows_per_block = int64_t(kSkinnyWarps) * kRows;
+      skinny_matmul_bf16_kernel<kMaxM, kRows>
+          <<<unsigned((N + rows_per_block - 1) / rows_per_block), 32 * kSkinnyWarps>>>(
+              X, M, dev_bf16(W), N, K, b, Y);
       check_launch();
     };
     if (M == 1)
-      launch(skinny_matmul_bf16_kernel<1, 4>, 4);
+      launch.template operator()<1, 4>();
     else if (M <= 4)
-      launch(skinny_matmul_bf16_kernel<4, 4>, 4);
+      launch.template operator()<4, 4>();
     else if (M <= 8)
-      launch(skinny_matmul_bf16_kernel<8, 4>, 4);
+      launch.template operator()<8, 4>();
     else
-      launch(skinny_matmul_bf16_kernel<16, 2>, 2);
+      launch.template operator()<16, 2>();  // 2 rows per warp: 2 x 16 partial sums in registers
   }
 
   void add(float* acc, const float* x, int64_t n) override {
