@@ -136,6 +136,24 @@ class CudaBackend final : public CacheBackend {
           " and headdim ", shape.headdim, " need ", smem, " bytes of shared memory per block; ",
           "this device allows ", smem_limit);
     ensure_flush_list(config.num_slots);
+    const cuda::LaunchConfig lc = launch_config();
+    cuda::with_mode(config.mode, [&]<Mode kMode>() {
+      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N);
+    });
+    // The slot kernels, shared by the modes (cudaFuncGetAttributes loads a kernel).
+    auto load = [](const void* kernel) {
+      cudaFuncAttributes attributes{};
+      RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    };
+    load(reinterpret_cast<const void*>(cuda::commit_kernel));
+    load(reinterpret_cast<const void*>(cuda::validate_slots_kernel));
+    load(reinterpret_cast<const void*>(cuda::prefill_finalize_kernel));
+    load(reinterpret_cast<const void*>(cuda::set_cursors_kernel));
+    load(reinterpret_cast<const void*>(cuda::fork_cursors_kernel));
+    cuda::with_act(lc, [&]<typename ActT>() {
+      load(reinterpret_cast<const void*>(cuda::validate_tokens_kernel<ActT>));
+      load(reinterpret_cast<const void*>(cuda::verify_finalize_kernel<ActT>));
+    });
   }
 
   ~CudaBackend() override {

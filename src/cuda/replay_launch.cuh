@@ -40,12 +40,7 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
   with_act(lc, [&]<typename ActT>() {
     auto kernel = flush_kernel<kMode, ActT>;
     allow_dynamic_smem(kernel, lc.smem_fold);
-    if (*lc.flush_grid == 0) {
-      int per_sm = 0;
-      RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFlushThreads,
-                                                                    lc.smem_fold));
-      *lc.flush_grid = std::max(1, per_sm) * lc.sm_count;
-    }
+    size_flush_grid(lc, kernel);
     launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
   });
 }
@@ -81,6 +76,45 @@ void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
       with_window.template operator()<1>();
     else
       with_window.template operator()<2>();
+  });
+}
+
+// The flush grid: as many blocks as are resident on the device at once.
+template <typename Kernel>
+void size_flush_grid(const LaunchConfig& lc, Kernel kernel) {
+  if (*lc.flush_grid != 0) return;
+  int per_sm = 0;
+  RSSM_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFlushThreads, lc.smem_fold));
+  *lc.flush_grid = std::max(1, per_sm) * lc.sm_count;
+}
+
+template <typename Kernel>
+void load_kernel(Kernel kernel, size_t smem) {
+  cudaFuncAttributes attributes{};
+  RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));  // loads it
+  allow_dynamic_smem(kernel, smem);
+}
+
+template <Mode kMode>
+void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N) {
+  with_act(lc, [&]<typename ActT>() {
+    load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
+    load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
+    load_kernel(flush_kernel<kMode, ActT>, lc.smem_fold);
+    size_flush_grid(lc, flush_kernel<kMode, ActT>);
+    auto verify_kernels = [&]<int kEntries>() {
+      load_kernel(verify_kernel<kMode, ActT, 1, kEntries>,
+                  StepSmem::bytes(L, N, 1) + lc.verify_stage_bytes);
+      load_kernel(verify_kernel<kMode, ActT, 4, kEntries>,
+                  StepSmem::bytes(L, N, 4) + lc.verify_stage_bytes);
+      load_kernel(verify_kernel<kMode, ActT, 8, kEntries>,
+                  StepSmem::bytes(L, N, 8) + lc.verify_stage_bytes);
+    };
+    if (lc.entries_per_lane == 1)
+      verify_kernels.template operator()<1>();
+    else
+      verify_kernels.template operator()<2>();
   });
 }
 

@@ -33,6 +33,10 @@ struct ModeLaunchers {
   static void verify(ReplayParams p, const LaunchConfig& lc);
   // state(slot, at) into p.dense, or (encode) p.dense into the slot's checkpoints.
   static void dense(const ReplayParams& p, const LaunchConfig& lc, int slot, bool encode);
+  // Once, when the cache is created: loads every kernel the mode can launch (CUDA loads modules
+  // lazily, at a kernel's first launch, which would otherwise land in the first steps), sets their
+  // shared-memory limits and sizes the flush grid, so the first step costs what the others do.
+  static void prepare(const LaunchConfig& lc, int L, int N);
 };
 
 extern template struct ModeLaunchers<Mode::fp32>;
