@@ -161,6 +161,25 @@ TEST(E2m1, AllCodesDecodeToFormulaAndReencode) {
   EXPECT_EQ(e2m1_to_f32(0xf7), 6.f);
 }
 
+// The fp16-pair decoder of the GPU readout: every pair of codes, bit for bit (signed zeros too),
+// also after scaling back by 2^14 and multiplying by every e4m3 block scale as the readout does.
+TEST(E2m1, PairsAsScaledFp16MatchTheDecoder) {
+  for (uint32_t a = 0; a < 16; ++a)
+    for (uint32_t b = 0; b < 16; ++b) {
+      const uint32_t h2 = e2m1x2_to_f16x2_scaled(a | (b << 16) | 0xfff0fff0u);  // noise ignored
+      const float fa = f16_to_f32(uint16_t(h2 & 0xffffu)) * kE2m1F16Unscale;
+      const float fb = f16_to_f32(uint16_t(h2 >> 16)) * kE2m1F16Unscale;
+      EXPECT_EQ(f32_bits(fa), f32_bits(e2m1_to_f32(uint8_t(a)))) << a;
+      EXPECT_EQ(f32_bits(fb), f32_bits(e2m1_to_f32(uint8_t(b)))) << b;
+      for (uint32_t s = 0; s < 0x7f; ++s) {
+        const float d = e4m3_to_f32(uint8_t(s));
+        EXPECT_EQ(f32_bits(f16_to_f32(uint16_t(h2 & 0xffffu)) * (d * kE2m1F16Unscale)),
+                  f32_bits(e2m1_to_f32(uint8_t(a)) * d))
+            << a << " " << s;
+      }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Round-to-nearest-even on every tie between adjacent positive finite values (and mirrored).
 

@@ -276,6 +276,18 @@ RSSM_HD float e2m1_to_f32(uint8_t code) {
   return bits_f32(sign | ((e + 126u) << 23) | (m << 22));      // (1 + m/2) * 2^(e-1)
 }
 
+// Two e2m1 codes as the bits of two fp16 values, for decoders without an e2m1 conversion (sm_90):
+// x holds code a in bits 0-3 and code b in bits 16-19 (other bits are ignored); the result is
+// the fp16 pair (a in the low half) whose values are exactly e2m1(a) * 2^-14 and e2m1(b) * 2^-14.
+// A code's magnitude bits go to fp16 bits 9-11 (the exponent's low two bits and the mantissa's top
+// bit) and its sign to bit 15: normal codes then carry exponent e - 15 instead of e2m1's e - 1, and
+// the two subnormal codes (0 and 0.5) land on fp16's subnormals m * 2^-15 = (m / 2) * 2^-14.
+// Two shifts and two masks per pair instead of e2m1_to_f32's selects per element.
+RSSM_HD uint32_t e2m1x2_to_f16x2_scaled(uint32_t x) {
+  return ((x << 9) & 0x0e000e00u) | ((x << 12) & 0x80008000u);
+}
+inline constexpr float kE2m1F16Unscale = 16384.0f;  // 2^14: fp16 value * this = e2m1 value
+
 // ---------------------------------------------------------------------------------------------
 // Row-scaled codecs for one (head, headdim) row of n = dstate values.
 //

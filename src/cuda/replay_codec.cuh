@@ -149,9 +149,16 @@ __device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float 
       return c.scale;
     }
     if (kMode == Mode::separate_nvfp4 && !rec) {
-      const float d = e4m3_to_f32(uint8_t(c.extra));
+      // Codes k and k + 4 as one fp16 pair scaled by 2^-14 (formats.h), the 2^14 folded into the
+      // block scale: the same products as e2m1_to_f32(code) * d, bit for bit.
+      const float d = e4m3_to_f32(uint8_t(c.extra)) * kE2m1F16Unscale;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = e2m1_to_f32(uint8_t((c.lo.x >> (4 * i)) & 0xfu)) * d;
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t h2 = e2m1x2_to_f16x2_scaled(c.lo.x >> (4 * k));
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+        v[k] = f.x * d;
+        v[k + 4] = f.y * d;
+      }
       return c.scale;
     }
 #pragma unroll

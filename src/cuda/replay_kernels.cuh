@@ -552,9 +552,11 @@ template <Mode kMode>
 __device__ __forceinline__ uint32_t code_pair(const SlotSections& v, int row, int col, int N) {
   const int64_t e = int64_t(row) * N + col;
   if constexpr (kMode == Mode::separate_nvfp4) {
-    const uint8_t byte = v.read[e / 2];  // element col in the low nibble
-    const float d = e4m3_to_f32(v.read_block_scale[e / 16]);
-    return pack_bf16x2(e2m1_to_f32(uint8_t(byte & 0xfu)) * d, e2m1_to_f32(uint8_t(byte >> 4)) * d);
+    const uint32_t byte = v.read[e / 2];  // element col in the low nibble
+    const float d = e4m3_to_f32(v.read_block_scale[e / 16]) * kE2m1F16Unscale;
+    const uint32_t h2 = e2m1x2_to_f16x2_scaled(byte | (byte << 12));  // col low, col + 1 high
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    return pack_bf16x2(f.x * d, f.y * d);
   } else {
     const uint8_t* codes =
         kMode == Mode::separate_fp8 ? v.read : static_cast<const uint8_t*>(v.rec);
