@@ -228,7 +228,6 @@ class CudaBackend final : public CacheBackend {
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
     p.list_flushes = true;
-    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_act(lc, [&]<typename ActT>() {
       cuda::validate_tokens_kernel<ActT>
@@ -266,7 +265,6 @@ class CudaBackend final : public CacheBackend {
     p.tokens = 0;
     p.force_flush = true;
     p.status = status_.get();
-    RSSM_CUDA_CHECK(cudaMemsetAsync(p.flush_count, 0, sizeof(int32_t), stream_));
     cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config_.mode, [&]<Mode kMode>() { cuda::ModeLaunchers<kMode>::flush(p, lc); });
@@ -359,11 +357,12 @@ class CudaBackend final : public CacheBackend {
   void ensure_flush_list(int batch) {
     if (batch <= flush_list_capacity_) return;
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    flush_list_.reset(device_alloc<int32_t>(2 * size_t(batch) + 1));   // zeroed
+    flush_list_.reset(device_alloc<int32_t>(2 * size_t(batch) + 2));   // zeroed
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.flush_list = flush_list_.get() + 1;
     base_.arrivals = flush_list_.get() + 1 + batch;
+    base_.flush_done = flush_list_.get() + 1 + 2 * batch;
   }
 
   struct Staging {
@@ -440,7 +439,8 @@ class CudaBackend final : public CacheBackend {
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
   size_t smem_verify_ = 0;         // verify_kernel at W = 8 (the most)
   size_t verify_stage_bytes_ = 0;  // its checkpoint staging
-  // [1 + 2 batch]: count, the flushing batch entries, the arrival counters of verify_kernel
+  // [2 + 2 batch]: count, the flushing batch entries, the arrival counters of verify_kernel, the
+  // finished-block counter of flush_kernel
   DevicePtr<int32_t> flush_list_;
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;

@@ -89,7 +89,8 @@ struct ReplayParams {
   HeadParams head;
   int32_t*
       flush_list;  // [B] batch entries that flush in this step (listed by the validate kernels)
-  int32_t* flush_count;  // zeroed before the validate kernel
+  int32_t* flush_count;  // 0 before the validate kernel (flush_kernel's last block clears it)
+  int32_t* flush_done;   // flush_kernel blocks finished so far (0 between launches)
   int32_t* arrivals;     // [B] verify blocks of each entry done so far (0 between verifies)
   int heads_per_block;   // verify_kernel: heads of one group per block
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
@@ -382,6 +383,15 @@ __global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayPar
     if (slot_ok(p, b))
       flush_head<kMode, ActT>(p, b, item % p.H, reinterpret_cast<float*>(smem_raw));
     __syncthreads();
+  }
+  // The last block to finish (every block read the count before it got here) clears the count
+  // for the next operation, so no memset node precedes the validate kernel.
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.flush_done, 1) == int(gridDim.x) - 1) {
+      *p.flush_count = 0;
+      *p.flush_done = 0;
+    }
   }
 }
 
