@@ -198,8 +198,9 @@ class PyCache {
                           int num_slots, int history, int max_window, const std::string& activation,
                           uint64_t seed, int layer, const std::string& backend) {
     check(shape.size() == 4, "replayssm: shape must be (heads, headdim, dstate, groups)");
-    check(backend == "cpu", "replayssm (Python): backend '", backend,
-          "' is not supported here; the bindings pass numpy arrays, so only 'cpu'");
+    const BackendKind kind = parse_backend(backend);
+    check(backend_available(kind), "replayssm (Python): backend '", backend,
+          "' is not available (not built with CUDA, or no GPU present)");
     const SsmShape s{shape[0], shape[1], shape[2], shape[3]};
     LayerParams params;
     params.A_log = vector_of(A_log, "A_log");
@@ -215,7 +216,7 @@ class PyCache {
           "replayssm (Python): activation must be 'fp32' or 'bf16', got '", activation, "'");
     config.seed = seed;
     config.layer = layer;
-    return ReplayCache(s, params, config, BackendKind::cpu);
+    return ReplayCache(s, params, config, kind);
   }
 
   static bool dlpack_only(py::handle obj) {

@@ -3,6 +3,7 @@ in float64, written here from the formulas, not from the C++ code.
 
 Run by CTest (label cpu) with PYTHONPATH=build/python.
 """
+import importlib.util
 import unittest
 
 import numpy as np
@@ -183,8 +184,46 @@ class BindingsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "pending"):  # replayssm.Error is a ValueError
             cache.commit(slot, np.array([3], dtype=np.int32))
         with self.assertRaisesRegex(replayssm.Error, "backend"):
-            replayssm.ReplayCache(self.shape, backend="cuda", **self.params)
+            replayssm.ReplayCache(self.shape, backend="tpu", **self.params)
         self.assertIn("separate-fp8", repr(self.make("separate-fp8")[0]))
+
+
+@unittest.skipUnless(importlib.util.find_spec("torch") is not None, "needs torch")
+class TorchCudaTest(unittest.TestCase):
+    """The CUDA backend from torch tensors (DLPack), against the CPU backend on the same inputs."""
+
+    def test_cuda_matches_cpu(self):
+        import torch
+        if not torch.cuda.is_available():
+            self.skipTest("no GPU")
+        shape = (8, 64, 128, 2)
+        H, P, N, G = shape
+        rng = np.random.default_rng(9)
+        params = dict(A_log=rng.uniform(-1, 1.5, H).astype(np.float32),
+                      dt_bias=rng.uniform(-3, -1, H).astype(np.float32),
+                      D=np.ones(H, np.float32))
+        cpu = replayssm.ReplayCache(shape, mode="separate-fp8", num_slots=2, **params)
+        gpu = replayssm.ReplayCache(shape, mode="separate-fp8", num_slots=2, backend="cuda",
+                                    **params)
+        slots = np.array([cpu.allocate(5), cpu.allocate(6)], dtype=np.int32)
+        gpu.allocate(5), gpu.allocate(6)
+        dslots = torch.from_numpy(slots).cuda()
+        for step in range(20):
+            W = 1 + step % 8
+            x = torch.randn(2, W, H, P).to(torch.bfloat16)
+            B = (0.3 * torch.randn(2, W, G, N)).to(torch.bfloat16)
+            C = (0.3 * torch.randn(2, W, G, N)).to(torch.bfloat16)
+            dt = torch.randn(2, W, H)
+            y_cpu = cpu.verify(slots, x.float().numpy(), B.float().numpy(), C.float().numpy(),
+                               dt.numpy())
+            y = torch.empty(2, W, H, P, device="cuda")
+            gpu.verify(dslots, x.cuda(), B.cuda(), C.cuda(), dt.cuda(), y=y)
+            torch.cuda.synchronize()
+            self.assertLess(rel(y.cpu().numpy(), y_cpu.astype(np.float64)), 2e-4)
+            accepted = torch.randint(1, W + 1, (2,), dtype=torch.int32)
+            cpu.commit(slots, accepted.numpy())
+            gpu.commit(dslots, accepted.cuda())
+        self.assertEqual(cpu.cursors(0), gpu.cursors(0))
 
 
 if __name__ == "__main__":
