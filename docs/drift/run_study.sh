@@ -33,3 +33,10 @@ done
 # autoregressive and speculative, one seed (about 17 minutes on 2 cores); two plots kept.
 "$bin" drift --shape 80,64,128,1 --steps 32768 --seeds 1 -q --out "$out/runs/model" \
   > "$out/runs/table_model.txt"
+
+# The same layer on a GPU (CUDA build; about 2 minutes on an H200), autoregressive; not run by
+# default since the study's machine may have no GPU.
+if [[ ${DRIFT_CUDA:-0} == 1 ]]; then
+  "$bin" drift --backend cuda --shape 80,64,128,1 --steps 32768 --seeds 1 --regime ar -q \
+    --out "$out/runs/model-cuda" > "$out/runs/table_model_cuda.txt"
+fi

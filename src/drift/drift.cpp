@@ -739,10 +739,11 @@ DriftResult run_drift(const DriftConfig& config, const ProgressFn& progress) {
       if (progress) report = [&] { progress(done.load(), total, label); };
       std::vector<std::unique_ptr<ArmRun>> runs(static_cast<size_t>(n));
       std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-      // Arms in parallel on the CPU backend (the backend's own parallel regions are nested and
-      // run on one thread each); on CUDA, or with a single arm, one after the other so the
-      // backend keeps its threads.
-      const bool parallel = config.backend == BackendKind::cpu && n > 1;
+      // Arms in parallel, one thread each (their caches share nothing; on CUDA each has its own
+      // stream). The backend's and the FP64 reference's parallel regions are then nested and run
+      // on one thread: at model shapes the per-flush measurements (state read back, decoded and
+      // compared on the host) cost more than the tokens, and they only parallelise across arms.
+      const bool parallel = n > 1;
 #pragma omp parallel for schedule(dynamic) if (parallel)
       for (int a = 0; a < n; ++a) {
         try {

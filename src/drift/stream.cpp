@@ -204,8 +204,8 @@ void Fp64Recurrence::step(const float* x, const float* B, const float* C, const 
                           double* y) {
   const int H = shape_.nheads, P = shape_.headdim, N = shape_.dstate;
   // Heads are independent (no sum across them), so the result does not depend on the threads.
-  // Model shapes (~1M state elements) make this the cost of a CUDA drift run, where the arms run
-  // one after the other; when the arms already run in parallel this region is nested and serial.
+  // Parallel over heads for a single-arm run at a model shape (~1M state elements); when the arms
+  // run in parallel this region is nested and serial.
 #pragma omp parallel for schedule(static) if (int64_t(H) * P * N >= (int64_t(1) << 18))
   for (int h = 0; h < H; ++h) {
     const int g = h / shape_.heads_per_group();
