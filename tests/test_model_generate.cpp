@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -315,6 +316,12 @@ TEST(Tokenizer, Gpt2PreTokenizer) {
   EXPECT_EQ(gpt2_pre_tokenize("\nx"), (V{"\n", "x"}));
   EXPECT_EQ(gpt2_pre_tokenize("caf\xc3\xa9 ok"), (V{"caf\xc3\xa9", " ok"}));
   EXPECT_EQ(gpt2_pre_tokenize("f(x)+1"), (V{"f", "(", "x", ")+", "1"}));
+  // Non-ASCII classes: an emoji is neither letter nor number, U+00A0 is white space, U+00B2
+  // (superscript two) is a number, Cyrillic and CJK are letters.
+  EXPECT_EQ(gpt2_pre_tokenize("ab\xf0\x9f\x98\x80cd"), (V{"ab", "\xf0\x9f\x98\x80", "cd"}));
+  EXPECT_EQ(gpt2_pre_tokenize("x\xc2\xa0y"), (V{"x", "\xc2\xa0", "y"}));
+  EXPECT_EQ(gpt2_pre_tokenize("m\xc2\xb2 \xd0\xbc\xd0\xb8\xd1\x80\xe4\xb8\xad"),
+            (V{"m", "\xc2\xb2", " \xd0\xbc\xd0\xb8\xd1\x80\xe4\xb8\xad"}));
 }
 
 // A small tokenizer.json in the GPT-2 layout: the 256 byte characters plus a few merges.
@@ -384,6 +391,25 @@ TEST(Tokenizer, ByteLevelBpe) {
       "pre_tokenizer": {"type": "Metaspace"}})",
                                    "t"),
                Error);
+}
+
+// The Hugging Face tokenizers library's own ids for a byte-level BPE it trained, GPT-NeoX style
+// (tests/data/bpe, made by scripts/make_bpe_fixture.py): code, prose, contractions, whitespace
+// runs, special tokens inside text, non-ASCII letters, digits and symbols.
+TEST(Tokenizer, MatchesTheTokenizersLibrary) {
+  const std::string dir = std::string(REPLAYSSM_SOURCE_DIR) + "/tests/data/bpe";
+  ModelConfig config;
+  const auto tok = load_tokenizer(dir, config);
+  std::ifstream in(dir + "/expected.json");
+  ASSERT_TRUE(in) << dir << "/expected.json";
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  ASSERT_GE(expected["cases"].size(), 10u);
+  for (const auto& c : expected["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    const std::vector<int32_t> ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->encode(text), ids) << "text: " << text;
+    if (c.value("decodes_back", true)) EXPECT_EQ(tok->decode(ids), text);
+  }
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 #include <climits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <unordered_map>
 
 #include "io/safetensors.h"
+#include "model/unicode_classes.h"
 #include "replayssm/error.h"
 
 namespace replayssm::model {
@@ -36,11 +38,23 @@ namespace {
 
 enum class Cls { letter, number, space, other };
 
-Cls classify(unsigned char b) {
-  if (b >= 0x80) return Cls::letter;  // any UTF-8 byte of a non-ASCII character
-  if ((b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z')) return Cls::letter;
-  if (b >= '0' && b <= '9') return Cls::number;
-  if (b == ' ' || b == '\t' || b == '\n' || b == '\v' || b == '\f' || b == '\r') return Cls::space;
+bool in_ranges(std::span<const unicode::CodePointRange> ranges, uint32_t cp) {
+  const auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                                   [](uint32_t v, const auto& r) { return v < r.first; });
+  return it != ranges.begin() && cp <= std::prev(it)->last;
+}
+
+// The classes of GPT-2's split pattern: \p{L}, \p{N}, \s, anything else.
+Cls classify(uint32_t cp) {
+  if (cp < 0x80) {
+    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return Cls::letter;
+    if (cp >= '0' && cp <= '9') return Cls::number;
+    if (cp == ' ' || (cp >= '\t' && cp <= '\r')) return Cls::space;
+    return Cls::other;
+  }
+  if (in_ranges(unicode::kWhiteSpace, cp)) return Cls::space;
+  if (in_ranges(unicode::kLetters, cp)) return Cls::letter;
+  if (in_ranges(unicode::kNumbers, cp)) return Cls::number;
   return Cls::other;
 }
 
@@ -58,8 +72,10 @@ void append_utf8(std::string& out, uint32_t cp) {
 }
 
 // Splits UTF-8 into code points; invalid bytes come back as themselves (never thrown on).
-std::vector<uint32_t> code_points(std::string_view s) {
+// offsets (optional) gets the byte offset of each code point and, last, the text's length.
+std::vector<uint32_t> code_points(std::string_view s, std::vector<size_t>* offsets = nullptr) {
   std::vector<uint32_t> cps;
+  if (offsets) offsets->clear();
   for (size_t i = 0; i < s.size();) {
     const unsigned char b = static_cast<unsigned char>(s[i]);
     int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
@@ -67,8 +83,10 @@ std::vector<uint32_t> code_points(std::string_view s) {
     uint32_t cp = len == 1 ? b : (b & (0x7F >> len));
     for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
     cps.push_back(cp);
+    if (offsets) offsets->push_back(i);
     i += size_t(len);
   }
+  if (offsets) offsets->push_back(s.size());
   return cps;
 }
 
@@ -267,15 +285,21 @@ class BpeTokenizer final : public Tokenizer {
 
 std::vector<std::string> gpt2_pre_tokenize(std::string_view text) {
   std::vector<std::string> out;
-  const size_t n = text.size();
-  auto cls = [&](size_t i) { return classify(static_cast<unsigned char>(text[i])); };
+  std::vector<size_t> at;  // byte offset of code point i
+  const std::vector<uint32_t> cps = code_points(text, &at);
+  const size_t n = cps.size();
+  std::vector<Cls> cls(n);
+  for (size_t i = 0; i < n; ++i) cls[i] = classify(cps[i]);
+  auto piece = [&](size_t from, size_t to) {
+    out.emplace_back(text.substr(at[from], at[to] - at[from]));
+  };
   size_t i = 0;
   while (i < n) {
-    if (text[i] == '\'') {
+    if (cps[i] == '\'') {
       bool done = false;
       for (std::string_view suffix : {"s", "t", "re", "ve", "m", "ll", "d"}) {
-        if (text.substr(i + 1, suffix.size()) == suffix) {
-          out.emplace_back(text.substr(i, 1 + suffix.size()));
+        if (text.substr(at[i] + 1, suffix.size()) == suffix) {
+          piece(i, i + 1 + suffix.size());  // ASCII: one code point per byte
           i += 1 + suffix.size();
           done = true;
           break;
@@ -285,20 +309,20 @@ std::vector<std::string> gpt2_pre_tokenize(std::string_view text) {
     }
     // " ?X+" for letters, numbers and other symbols.
     size_t j = i;
-    if (text[i] == ' ' && i + 1 < n && cls(i + 1) != Cls::space) j = i + 1;
-    const Cls k = cls(j);
+    if (cps[i] == ' ' && i + 1 < n && cls[i + 1] != Cls::space) j = i + 1;
+    const Cls k = cls[j];
     if (k != Cls::space) {
       size_t end = j + 1;
-      while (end < n && cls(end) == k) ++end;
-      out.emplace_back(text.substr(i, end - i));
+      while (end < n && cls[end] == k) ++end;
+      piece(i, end);
       i = end;
       continue;
     }
     // Whitespace: "\s+(?!\S)" leaves the last space to prefix the next word; else "\s+".
     size_t end = i;
-    while (end < n && cls(end) == Cls::space) ++end;
+    while (end < n && cls[end] == Cls::space) ++end;
     if (end < n && end - i >= 2) end -= 1;
-    out.emplace_back(text.substr(i, end - i));
+    piece(i, end);
     i = end;
   }
   return out;

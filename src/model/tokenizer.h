@@ -43,7 +43,8 @@ std::unique_ptr<Tokenizer> parse_bpe_tokenizer(std::string_view json_text, std::
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir, const ModelConfig& config);
 
 // GPT-2's pre-tokenizer split ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
-// \s+(?!\S)|\s+), with ASCII classes exact and every non-ASCII character classed as a letter.
+// \s+(?!\S)|\s+) over code points, with Unicode's letter, number and White_Space classes
+// (unicode_classes.h).
 std::vector<std::string> gpt2_pre_tokenize(std::string_view text);
 
 }  // namespace replayssm::model
