@@ -23,12 +23,16 @@ constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;  // key schedule increments (Weyl sequence)
 constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
 
-RSSM_HD uint32_t mulhi32(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __umulhi(a, b);
-#else
-  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
-#endif
+// One round with round key (k0, k1). The product is formed once as 64 bits (one wide multiply on
+// the GPU gives both halves).
+RSSM_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0,
+                          uint32_t k1) {
+  const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
+  const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
+  c0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+  c1 = static_cast<uint32_t>(p1);
+  c2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+  c3 = static_cast<uint32_t>(p0);
 }
 }  // namespace detail
 
@@ -38,20 +42,18 @@ RSSM_HD uint32_t mulhi32(uint32_t a, uint32_t b) {
 //   (hi(M1*c2) ^ c1 ^ k0, lo(M1*c2), hi(M0*c0) ^ c3 ^ k1, lo(M0*c0)).
 RSSM_HD U32x4 philox4x32(U32x4 counter, U32x2 key, int rounds = 10) {
   uint32_t c0 = counter.v[0], c1 = counter.v[1], c2 = counter.v[2], c3 = counter.v[3];
-  uint32_t k0 = key.v[0], k1 = key.v[1];
-  for (int i = 0; i < rounds; ++i) {
-    if (i > 0) {
-      k0 += detail::kPhiloxW0;  // wraps mod 2^32 by design
-      k1 += detail::kPhiloxW1;
-    }
-    const uint32_t hi0 = detail::mulhi32(detail::kPhiloxM0, c0);
-    const uint32_t lo0 = detail::kPhiloxM0 * c0;
-    const uint32_t hi1 = detail::mulhi32(detail::kPhiloxM1, c2);
-    const uint32_t lo1 = detail::kPhiloxM1 * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
+  const uint32_t k0 = key.v[0], k1 = key.v[1];
+  if (rounds == 10) {
+    // The default, unrolled: the stochastic-rounding flush calls this once per 4 elements, and a
+    // counted loop costs as many instructions as the rounds themselves (wraps mod 2^32 by design).
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (uint32_t i = 0; i < 10; ++i)
+      detail::philox_round(c0, c1, c2, c3, k0 + i * detail::kPhiloxW0, k1 + i * detail::kPhiloxW1);
+  } else {
+    for (uint32_t i = 0; i < uint32_t(rounds); ++i)
+      detail::philox_round(c0, c1, c2, c3, k0 + i * detail::kPhiloxW0, k1 + i * detail::kPhiloxW1);
   }
   return U32x4{{c0, c1, c2, c3}};
 }
