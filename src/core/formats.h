@@ -148,34 +148,35 @@ RSSM_HD uint16_t f32_to_f16(float x) {
 //
 // |x| > 65504 (including Inf) saturates to +-65504 and sets *saturated (never cleared here); the
 // flag depends only on x, not on the random bits. NaN gives a quiet NaN with the sign kept.
+//
+// Branch-free apart from the rare NaN/overflow case (the flush runs this for every element, and
+// data-dependent branches between normal and subnormal results diverge within a warp): the
+// significand is placed in the high word of 64 bits and shifted right by the field width w, so
+// the high word is the truncated magnitude q and the low word the discarded field aligned to bit
+// 31, whose top r+1 bits are t. w is 13 for normal results and 126 - exponent (>= 14) for
+// subnormal ones, capped at 63 (the 24-bit significand is then shifted out entirely).
 RSSM_HD uint16_t f32_to_f16_sr(float x, uint32_t random, int r_bits, bool* saturated = nullptr) {
   const uint32_t u = f32_bits(x);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a > 0x477fe000u) {  // above 65504, Inf included
+  if (a > 0x477fe000u) {  // NaN, or above 65504 (Inf included)
+    if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
     if (saturated != nullptr) *saturated = true;
     return static_cast<uint16_t>(sign | 0x7bffu);
   }
-  const uint32_t rmask = (1u << r_bits) - 1u;
-  const uint32_t rnd = random & rmask;
-  uint32_t q;  // truncated magnitude in result ulps (fp16 bits without sign)
-  uint32_t t;  // top r+1 bits of the discarded field
-  if (a >= 0x38800000u) {
-    q = (a >> 13) - (112u << 10);
-    const uint32_t rem = a & 0x1fffu;  // 13-bit field
-    t = (r_bits + 1 <= 13) ? (rem >> (13 - r_bits - 1)) : (rem << 1);
-  } else {
-    const uint32_t mant = detail::f32_mant(a);
-    const int shift = 126 - detail::f32_exp(a);  // field width, >= 14
-    q = (shift < 32) ? (mant >> shift) : 0u;
-    const uint32_t rem = (shift < 32) ? (mant & ((1u << shift) - 1u)) : mant;
-    const int drop = shift - r_bits - 1;  // >= 0 because shift >= 14 >= r_bits + 1
-    t = (drop < 32) ? (rem >> drop) : 0u;
-  }
-  q += (t + 2u * rnd + 1u) >> (r_bits + 1);  // 0 or 1; a carry into the exponent is correct
-  // q <= 0x7c00 here; 0x7c00 only arises from |x| in (65504, ...] which was caught above.
-  return static_cast<uint16_t>(sign | q);
+  const bool normal = a >= 0x38800000u;  // |x| >= 2^-14
+  const uint32_t significand = normal ? a : detail::f32_mant(a);
+  const int sub_width = 126 - detail::f32_exp(a);
+  const uint32_t width = normal ? 13u : static_cast<uint32_t>(sub_width < 63 ? sub_width : 63);
+  const uint64_t shifted = (static_cast<uint64_t>(significand) << 32) >> width;
+  // For normal results the high word is (a >> 13): fp16 bits once the exponent bias moves from
+  // 127 to 15 (112 << 10).
+  const uint32_t q = static_cast<uint32_t>(shifted >> 32) - (normal ? (112u << 10) : 0u);
+  const uint32_t t = static_cast<uint32_t>(shifted) >> (31 - r_bits);  // top r+1 bits of the field
+  const uint32_t rnd = random & ((1u << r_bits) - 1u);
+  // Adds 0 or 1; a carry into the exponent is correct, and the result stays <= 0x7bff (|x| <=
+  // 65504).
+  return static_cast<uint16_t>(sign | (q + ((t + 2u * rnd + 1u) >> (r_bits + 1))));
 }
 
 // ---------------------------------------------------------------------------------------------

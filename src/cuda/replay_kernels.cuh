@@ -276,6 +276,12 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
 
 // NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
 __device__ __forceinline__ int sanitize8(float (&s)[8]) {
+  // v * 0 is NaN exactly when v is NaN or +-Inf: one FMA per element finds out whether any of the
+  // 8 needs fixing, and the per-element fix-up below is skipped in the common all-finite case.
+  float probe = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) probe = fmaf(s[i], 0.f, probe);
+  if (!isnan(probe)) return 0;
   int bad = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
