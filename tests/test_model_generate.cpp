@@ -318,7 +318,9 @@ TEST(Tokenizer, Gpt2PreTokenizer) {
   EXPECT_EQ(gpt2_pre_tokenize("f(x)+1"), (V{"f", "(", "x", ")+", "1"}));
   // Non-ASCII classes: an emoji is neither letter nor number, U+00A0 is white space, U+00B2
   // (superscript two) is a number, Cyrillic and CJK are letters.
-  EXPECT_EQ(gpt2_pre_tokenize("ab\xf0\x9f\x98\x80cd"), (V{"ab", "\xf0\x9f\x98\x80", "cd"}));
+  EXPECT_EQ(gpt2_pre_tokenize("ab\xf0\x9f\x98\x80"
+                              "cd"),
+            (V{"ab", "\xf0\x9f\x98\x80", "cd"}));
   EXPECT_EQ(gpt2_pre_tokenize("x\xc2\xa0y"), (V{"x", "\xc2\xa0", "y"}));
   EXPECT_EQ(gpt2_pre_tokenize("m\xc2\xb2 \xd0\xbc\xd0\xb8\xd1\x80\xe4\xb8\xad"),
             (V{"m", "\xc2\xb2", " \xd0\xbc\xd0\xb8\xd1\x80\xe4\xb8\xad"}));
