@@ -170,12 +170,26 @@ TEST(DriftEngine, ArmsRunInLockStep) {
       EXPECT_LT(s.flushes, 512 / 8);
     }
   }
-  // The same configuration gives the same numbers.
+  // The same configuration gives the same numbers, and an arm run alone (one thread, nothing
+  // beside it) gives its rows of the parallel run bit for bit: the arms share nothing.
   const DriftResult again = run_drift(c);
   ASSERT_EQ(r.records.size(), again.records.size());
   for (size_t i = 0; i < r.records.size(); ++i) {
     EXPECT_EQ(r.records[i].out_rel, again.records[i].out_rel);
     EXPECT_EQ(r.records[i].state_rel, again.records[i].state_rel);
+  }
+  DriftConfig alone = small_config(StreamKind::mamba2, "separate-nvfp4", 512);
+  alone.regimes = c.regimes;
+  const DriftResult single = run_drift(alone);
+  for (Regime regime : c.regimes) {
+    const auto in_parallel = rows_of(r, "separate-nvfp4", regime);
+    const auto by_itself = rows_of(single, "separate-nvfp4", regime);
+    ASSERT_EQ(in_parallel.size(), by_itself.size());
+    for (size_t i = 0; i < by_itself.size(); ++i) {
+      EXPECT_EQ(in_parallel[i]->out_rel, by_itself[i]->out_rel);
+      EXPECT_EQ(in_parallel[i]->read_rel, by_itself[i]->read_rel);
+      EXPECT_EQ(in_parallel[i]->stagnation, by_itself[i]->stagnation);
+    }
   }
 }
 
