@@ -5,6 +5,7 @@ list written in the header generator below), from Python's unicodedata (the Unic
 Database of the interpreter that runs it; the header records the version).
 
 Run: python3 scripts/gen_unicode_classes.py > src/model/unicode_classes.h
+     clang-format -i src/model/unicode_classes.h
 """
 import unicodedata
 
