@@ -293,7 +293,9 @@ class PyCache {
 
 PYBIND11_MODULE(replayssm, m) {
   using replayssm::PyCache;
-  m.doc() = "replayssm: the replay cache of one Mamba-2 layer (CPU backend, numpy arrays)";
+  m.doc() =
+      "replayssm: the replay cache of one Mamba-2 layer (CPU or CUDA backend; numpy or DLPack "
+      "arrays)";
   m.attr("__version__") = replayssm::version();
   py::register_exception<replayssm::Error>(m, "Error", PyExc_ValueError);
   py::class_<PyCache>(m, "ReplayCache")
