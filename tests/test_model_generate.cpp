@@ -410,7 +410,9 @@ TEST(Tokenizer, MatchesTheTokenizersLibrary) {
     const std::string text = c["text"].get<std::string>();
     const std::vector<int32_t> ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok->encode(text), ids) << "text: " << text;
-    if (c.value("decodes_back", true)) EXPECT_EQ(tok->decode(ids), text);
+    if (c.value("decodes_back", true)) {
+      EXPECT_EQ(tok->decode(ids), text);
+    }
   }
 }
 

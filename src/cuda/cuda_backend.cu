@@ -140,19 +140,15 @@ class CudaBackend final : public CacheBackend {
     cuda::with_mode(config.mode, [&]<Mode kMode>() {
       cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N);
     });
-    // The slot kernels, shared by the modes (cudaFuncGetAttributes loads a kernel).
-    auto load = [](const void* kernel) {
-      cudaFuncAttributes attributes{};
-      RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    };
-    load(reinterpret_cast<const void*>(cuda::commit_kernel));
-    load(reinterpret_cast<const void*>(cuda::validate_slots_kernel));
-    load(reinterpret_cast<const void*>(cuda::prefill_finalize_kernel));
-    load(reinterpret_cast<const void*>(cuda::set_cursors_kernel));
-    load(reinterpret_cast<const void*>(cuda::fork_cursors_kernel));
+    // The slot kernels, shared by the modes.
+    cuda::load_kernel(cuda::commit_kernel);
+    cuda::load_kernel(cuda::validate_slots_kernel);
+    cuda::load_kernel(cuda::prefill_finalize_kernel);
+    cuda::load_kernel(cuda::set_cursors_kernel);
+    cuda::load_kernel(cuda::fork_cursors_kernel);
     cuda::with_act(lc, [&]<typename ActT>() {
-      load(reinterpret_cast<const void*>(cuda::validate_tokens_kernel<ActT>));
-      load(reinterpret_cast<const void*>(cuda::verify_finalize_kernel<ActT>));
+      cuda::load_kernel(cuda::validate_tokens_kernel<ActT>);
+      cuda::load_kernel(cuda::verify_finalize_kernel<ActT>);
     });
   }
 

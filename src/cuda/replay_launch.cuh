@@ -91,8 +91,7 @@ void size_flush_grid(const LaunchConfig& lc, Kernel kernel) {
 
 template <typename Kernel>
 void load_kernel(Kernel kernel, size_t smem) {
-  cudaFuncAttributes attributes{};
-  RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));  // loads it
+  load_kernel(kernel);
   allow_dynamic_smem(kernel, smem);
 }
 

@@ -23,6 +23,13 @@ struct LaunchConfig {
                               // before them in the stream (cuda_common.cuh)
 };
 
+// Loads a kernel's module now (CUDA loads modules lazily, at a kernel's first launch).
+template <typename Kernel>
+void load_kernel(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)));
+}
+
 template <Mode kMode>
 struct ModeLaunchers {
   // validate_tokens, then the fold, per-token fp32 recurrence and encode of every entry.
