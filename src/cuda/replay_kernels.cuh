@@ -334,6 +334,10 @@ __device__ __forceinline__ void load_group(const SlotSections& sec, const RowMap
 // item per block at a time, its next row group's loads in flight while the current one is folded
 // and encoded. The verify kernel that follows reads the new read checkpoint like any other.
 inline constexpr int kFlushThreads = 128;
+// Rows per thread and pass in the flush: 2 fit in 80 registers without spills, so 6 blocks (24
+// warps) stay resident per SM; 4 rows needed 96 registers plus 200 bytes of spills at 5 blocks.
+// Whether the extra warps outweigh the B loads that 4 rows share is what the A/B must show.
+inline constexpr int kFlushRows = 2;
 
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
@@ -341,9 +345,9 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   const SlotCursors cur = p.cursors[slot];
   const int N = p.N, P = p.P;
   const SlotSections sec = slot_sections(p.geo, slot);
-  const RowMap rm(p.lanes_per_row, kStepRows);
-  RawChunk raw[kStepRows];
-  int prow[kStepRows];
+  const RowMap rm(p.lanes_per_row, kFlushRows);
+  RawChunk raw[kFlushRows];
+  int prow[kFlushRows];
   load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, h / (p.H / p.G), f);
@@ -351,11 +355,11 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;
   for (int base = 0; base < P; base += rm.rows_per_group) {
-    float v[kStepRows][8];
-    int row[kStepRows];
-    int clamped[kStepRows];
+    float v[kFlushRows][8];
+    int row[kFlushRows];
+    int clamped[kFlushRows];
 #pragma unroll
-    for (int r = 0; r < kStepRows; ++r) {
+    for (int r = 0; r < kFlushRows; ++r) {
       decode_raw8<kMode>(raw[r], true, v[r]);
       row[r] = prow[r];
       clamped[r] = min(row[r], P - 1);
@@ -364,7 +368,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
     fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
 #pragma unroll
-    for (int r = 0; r < kStepRows; ++r) {
+    for (int r = 0; r < kFlushRows; ++r) {
       const int pr = clamped[r];
       const int bad = sanitize8(v[r]);
       float rv[8];
@@ -380,7 +384,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
 // barrier between items keeps one item's shared memory from being overwritten by the next.
 template <Mode kMode, typename ActT>
-__global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayParams p) {
+__global__ void __launch_bounds__(kFlushThreads, 6) flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
