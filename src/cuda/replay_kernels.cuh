@@ -334,6 +334,17 @@ __device__ __forceinline__ void load_group(const SlotSections& sec, const RowMap
 // item per block at a time, its next row group's loads in flight while the current one is folded
 // and encoded. The verify kernel that follows reads the new read checkpoint like any other.
 inline constexpr int kFlushThreads = 128;
+// Rows per thread and pass in the flush, and the blocks per SM its registers aim at. The separate
+// modes (two encoders, the SR's Philox) fit 2 rows in 80 registers without spills, so 6 blocks
+// stay resident; with 4 rows they needed 96 registers plus 200 bytes of spills at 5 blocks. The
+// A/B on the H200 (bench/results/2026-11-30-h200-session5.md): separate-fp8 W=8 batch 64
+// 303.1 -> 296.2 us, 256: 1078.6 -> 1039.4; separate-nvfp4 417.9 -> 395.8; shared-fp8, whose
+// 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4.
+constexpr bool has_read_copy(Mode mode) {  // the separate modes
+  return mode == Mode::separate_fp8 || mode == Mode::separate_nvfp4;
+}
+constexpr int flush_rows(Mode mode) { return has_read_copy(mode) ? 2 : kStepRows; }
+constexpr int flush_min_blocks(Mode mode) { return has_read_copy(mode) ? 6 : 5; }
 
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
@@ -341,9 +352,9 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   const SlotCursors cur = p.cursors[slot];
   const int N = p.N, P = p.P;
   const SlotSections sec = slot_sections(p.geo, slot);
-  const RowMap rm(p.lanes_per_row, kStepRows);
-  RawChunk raw[kStepRows];
-  int prow[kStepRows];
+  const RowMap rm(p.lanes_per_row, flush_rows(kMode));
+  RawChunk raw[flush_rows(kMode)];
+  int prow[flush_rows(kMode)];
   load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, h / (p.H / p.G), f);
@@ -351,11 +362,11 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;
   for (int base = 0; base < P; base += rm.rows_per_group) {
-    float v[kStepRows][8];
-    int row[kStepRows];
-    int clamped[kStepRows];
+    float v[flush_rows(kMode)][8];
+    int row[flush_rows(kMode)];
+    int clamped[flush_rows(kMode)];
 #pragma unroll
-    for (int r = 0; r < kStepRows; ++r) {
+    for (int r = 0; r < flush_rows(kMode); ++r) {
       decode_raw8<kMode>(raw[r], true, v[r]);
       row[r] = prow[r];
       clamped[r] = min(row[r], P - 1);
@@ -364,7 +375,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
     fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
 #pragma unroll
-    for (int r = 0; r < kStepRows; ++r) {
+    for (int r = 0; r < flush_rows(kMode); ++r) {
       const int pr = clamped[r];
       const int bad = sanitize8(v[r]);
       float rv[8];
@@ -380,7 +391,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
 // barrier between items keeps one item's shared memory from being overwritten by the next.
 template <Mode kMode, typename ActT>
-__global__ void __launch_bounds__(kFlushThreads, 5) flush_kernel(const ReplayParams p) {
+__global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
+    flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
@@ -507,7 +519,7 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
                                            uint8_t* stage, int b, int h, int row0, int m) {
   const int64_t row = int64_t(h) * p.P + row0;
   const SlotSections v = vs.view(stage);
-  constexpr bool kSeparate = kMode == Mode::separate_fp8 || kMode == Mode::separate_nvfp4;
+  constexpr bool kSeparate = has_read_copy(kMode);
   const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
   cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
   if (vs.scale_bytes)
