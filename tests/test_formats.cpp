@@ -415,6 +415,40 @@ TEST(StochasticRounding, MeanIsUnbiasedWithinBound) {
   EXPECT_EQ(checked, 4 * 6 * 10);
 }
 
+// The short form the CUDA encoders use (r <= 12, no NaN) gives the reference's bits. Every fp32
+// magnitude class that matters is covered: each exponent from fp32 subnormals to above fp16's
+// range with every 13-bit discarded field (the bits the rounding reads), plus strided sweeps of
+// the full magnitude range, each against several random words and every r.
+TEST(StochasticRounding, ShortFormMatchesReference) {
+  Rng rng(29);
+  uint64_t checked = 0;
+  auto check = [&](uint32_t a, uint32_t random) {
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const float x = bits_f32(a | sign);
+      for (int r = 1; r <= 12; ++r) {
+        const uint16_t want = f32_to_f16_sr(x, random, r);
+        const uint16_t got = f32_to_f16_sr_fast(x, random, r);
+        ASSERT_EQ(got, want) << "x bits " << std::hex << (a | sign) << " random " << random
+                             << std::dec << " r " << r;
+        ++checked;
+      }
+    }
+  };
+  for (uint32_t e = 0; e <= 0x90; ++e)  // 2^-127 (subnormal fp32) .. 2^17, Inf excluded
+    for (uint32_t field = 0; field < (1u << 13); field += 1 + (e % 3)) {
+      const uint32_t high = rng.next() & 0x7fe000u;  // random upper mantissa bits
+      check((e << 23) | high | field, rng.next());
+    }
+  for (uint32_t a = 0; a < 0x7f800000u; a += 0x3fffdu) check(a, rng.next());
+  check(0x7f800000u, rng.next());        // Inf saturates
+  for (uint32_t R = 0; R < 4096; ++R) {  // every random value at the edges of each range
+    for (uint32_t a : {0x00000000u, 0x00000001u, 0x33000000u, 0x337fffffu, 0x387fffffu, 0x38800000u,
+                       0x38801fffu, 0x477fe000u, 0x477fe001u, 0x477fffffu})
+      check(a, R);
+  }
+  EXPECT_GT(checked, 10'000'000u);
+}
+
 TEST(StochasticRounding, DeterministicAndSignSymmetric) {
   const std::vector<float> xs = sr_inputs();
   std::vector<uint16_t> a, b, c;

@@ -180,14 +180,22 @@ __device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, in
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
                                               uint16_t (&out)[8]) {
   int saturated = 0;
+  // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
+  const bool fast = sr.bits <= 12;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const U32x4 r = philox4x32(sr_counter(sr, e + 4 * q), sr.key, sr.rounds);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      bool sat = false;
-      out[4 * q + k] = f32_to_f16_sr(v[4 * q + k], r.v[k], sr.bits, &sat);
-      saturated += sat ? 1 : 0;
+      const float x = v[4 * q + k];
+      if (fast) {
+        out[4 * q + k] = f32_to_f16_sr_fast(x, r.v[k], sr.bits);
+        saturated += detail::abs_f32(x) > 65504.f ? 1 : 0;
+      } else {
+        bool sat = false;
+        out[4 * q + k] = f32_to_f16_sr(x, r.v[k], sr.bits, &sat);
+        saturated += sat ? 1 : 0;
+      }
     }
   }
   return saturated;
