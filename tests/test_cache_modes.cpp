@@ -198,8 +198,9 @@ TEST(QuantizedModes, SeparateFlushEncodesCarrierAndReadCopyFromOneFold) {
         const float* v = fold.data() + size_t(row) * N;
         for (int n = 0; n < N; ++n) {
           const uint64_t e = uint64_t(row) * N + n;
-          const U32x4 r = philox4x32(U32x4{{uint32_t(e >> 2), flush_index, 7u, 1u}}, key, 10);
-          const uint16_t want = f32_to_f16_sr(v[n], r.v[e & 3], 7);
+          // SPEC 6 layout: counter (e / 8, flush, request), 16 bits per element.
+          const U32x4 r = philox4x32(U32x4{{uint32_t(e >> 3), flush_index, 7u, 1u}}, key, 10);
+          const uint16_t want = f32_to_f16_sr(v[n], r.v[(e & 7) >> 1] >> (16 * (e & 1)), 7);
           uint16_t got;
           std::memcpy(&got, bytes.data() + layout.offset[SlotLayout::rec] + 2 * e, 2);
           ASSERT_EQ(got, want) << mode_name(mode) << " row " << row << " n " << n;

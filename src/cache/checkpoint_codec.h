@@ -22,8 +22,9 @@ struct SlotCheckpoint {
 };
 
 // Where the random bits of a stochastic-rounding encode come from (SPEC section 6):
-// key = (seed_lo, seed_hi ^ layer), counter = (element / 4, flush_index, request_lo, request_hi),
-// and element e uses output word e % 4.
+// key = (seed_lo, seed_hi ^ layer), counter = (element / 8, flush_index, request_lo, request_hi).
+// One Philox call serves 8 consecutive elements with 16 bits each (the SR reads the low r <= 13
+// of them): element e takes word (e % 8) / 2, its low half for even e and its high half for odd e.
 struct SrContext {
   U32x2 key;
   uint64_t request_id;
@@ -32,27 +33,34 @@ struct SrContext {
   int rounds;
 };
 
+inline constexpr int kSrElementsPerDraw = 8;
+
 RSSM_HD U32x2 philox_key(uint64_t seed, int layer) {
   return U32x2{{uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(layer)}};
 }
 
 RSSM_HD U32x4 sr_counter(const SrContext& sr, uint64_t element) {
-  return U32x4{{uint32_t(element >> 2), sr.flush_index, uint32_t(sr.request_id),
+  return U32x4{{uint32_t(element / kSrElementsPerDraw), sr.flush_index, uint32_t(sr.request_id),
                 uint32_t(sr.request_id >> 32)}};
 }
 
-// Fp16 stochastic rounding of values[0..n) whose element indices start at `first_element`
-// (a multiple of 4). Returns the number of saturated elements.
+// The random bits of element e from the draw of its group; i = e % 8. Bits above 16 are the
+// next element's and are masked off by the SR (it reads r <= 13 bits).
+RSSM_HD uint32_t sr_random(const U32x4& draw, int i) { return draw.v[i >> 1] >> (16 * (i & 1)); }
+
+// Fp16 stochastic rounding of values[0..n) whose element indices start at `first_element`.
+// Returns the number of saturated elements.
 RSSM_HD int encode_f16_sr_row(const float* values /*[n]*/, int n, uint64_t first_element,
                               const SrContext& sr, uint16_t* out /*[n]*/) {
   int saturated = 0;
-  for (int i = 0; i < n; i += 4) {
-    const U32x4 random = philox4x32(sr_counter(sr, first_element + i), sr.key, sr.rounds);
-    for (int k = 0; k < 4 && i + k < n; ++k) {
-      bool sat = false;
-      out[i + k] = f32_to_f16_sr(values[i + k], random.v[k], sr.bits, &sat);
-      saturated += sat ? 1 : 0;
-    }
+  U32x4 draw{};
+  for (int i = 0; i < n; ++i) {
+    const uint64_t e = first_element + uint64_t(i);
+    if (i == 0 || e % kSrElementsPerDraw == 0)
+      draw = philox4x32(sr_counter(sr, e), sr.key, sr.rounds);
+    bool sat = false;
+    out[i] = f32_to_f16_sr(values[i], sr_random(draw, int(e % kSrElementsPerDraw)), sr.bits, &sat);
+    saturated += sat ? 1 : 0;
   }
   return saturated;
 }

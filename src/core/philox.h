@@ -44,7 +44,7 @@ RSSM_HD U32x4 philox4x32(U32x4 counter, U32x2 key, int rounds = 10) {
   uint32_t c0 = counter.v[0], c1 = counter.v[1], c2 = counter.v[2], c3 = counter.v[3];
   const uint32_t k0 = key.v[0], k1 = key.v[1];
   if (rounds == 10) {
-    // The default, unrolled: the stochastic-rounding flush calls this once per 4 elements, and a
+    // The default, unrolled: the stochastic-rounding flush calls this once per 8 elements, and a
     // counted loop costs as many instructions as the rounds themselves (wraps mod 2^32 by design).
 #if defined(__CUDA_ARCH__)
 #pragma unroll

@@ -182,20 +182,17 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   int saturated = 0;
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
   const bool fast = sr.bits <= 12;
+  const U32x4 draw = philox4x32(sr_counter(sr, e), sr.key, sr.rounds);  // e % 8 == 0: one draw
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const U32x4 r = philox4x32(sr_counter(sr, e + 4 * q), sr.key, sr.rounds);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float x = v[4 * q + k];
-      if (fast) {
-        out[4 * q + k] = f32_to_f16_sr_fast(x, r.v[k], sr.bits);
-        saturated += detail::abs_f32(x) > 65504.f ? 1 : 0;
-      } else {
-        bool sat = false;
-        out[4 * q + k] = f32_to_f16_sr(x, r.v[k], sr.bits, &sat);
-        saturated += sat ? 1 : 0;
-      }
+  for (int k = 0; k < 8; ++k) {
+    const float x = v[k];
+    if (fast) {
+      out[k] = f32_to_f16_sr_fast(x, sr_random(draw, k), sr.bits);
+      saturated += detail::abs_f32(x) > 65504.f ? 1 : 0;
+    } else {
+      bool sat = false;
+      out[k] = f32_to_f16_sr(x, sr_random(draw, k), sr.bits, &sat);
+      saturated += sat ? 1 : 0;
     }
   }
   return saturated;

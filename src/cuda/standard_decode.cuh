@@ -14,6 +14,7 @@
 // bytes) each; a thread keeps kRows rows in registers so that all its loads are in flight at once.
 #pragma once
 
+#include "cache/checkpoint_codec.h"
 #include "core/philox.h"
 #include "cuda/cuda_common.cuh"
 
@@ -56,14 +57,11 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
   } else {
     uint16_t v[8];
     if (sr) {
+      // element % 8 == 0: the 8 values share one draw (checkpoint_codec.h's layout).
+      const SrContext sr{p.key, request, flush, p.sr_bits, p.philox_rounds};
+      const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const U32x4 counter{
-            {uint32_t((element + 4 * q) >> 2), flush, uint32_t(request), uint32_t(request >> 32)}};
-        const U32x4 r = philox4x32(counter, p.key, p.philox_rounds);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[4 * q + k] = f32_to_f16_sr(s[4 * q + k], r.v[k], p.sr_bits);
-      }
+      for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
       store8_u16(dst, v);
     } else {
       // cvt.rn.f16x2.f32: the same bits as f32_to_f16 (nearest even, overflow to Inf).
