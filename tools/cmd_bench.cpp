@@ -207,6 +207,10 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
   Buffer y(cx.backend, cx.act, {batch, W, s.nheads, s.headdim}, nullptr);
   auto step = [&](int i) {
     const Tokens& tk = *sets[i % sets.size()];
+    if (W == 1) {  // autoregressive: decode (the CUDA backend commits in the verify kernel)
+      cache.decode(slots.view(), tk.x.view(), tk.B.view(), tk.C.view(), tk.dt.view(), y.view());
+      return;
+    }
     cache.verify(slots.view(), tk.x.view(), tk.B.view(), tk.C.view(), tk.dt.view(), y.view());
     cache.commit(slots.view(),
                  with_data(acc.view(), acc.view().as<int32_t>() + size_t(i) * batch, {batch}));

@@ -45,6 +45,13 @@ class CacheBackend {
   virtual void verify(const TokenBatch& batch) = 0;
   virtual void commit(const int32_t* slots /*[B]*/, const int32_t* accepted /*[B]*/, int batch) = 0;
   virtual void flush(const int32_t* slots /*[B]*/, int batch) = 0;
+  // verify of one token (batch.tokens == 1), then commit(1) of every slot. A backend may fuse
+  // the two (the CUDA backend advances the cursors in the verify kernel: one launch less).
+  virtual void decode(const TokenBatch& batch) {
+    verify(batch);
+    const std::vector<int32_t> ones(size_t(batch.batch), 1);
+    commit(batch.slots, ones.data(), batch.batch);
+  }
 
   virtual void state(int slot, int at, float* out /*[H,P,N] host*/) const = 0;
   virtual SlotImage read_slot(int slot) const = 0;

@@ -209,13 +209,14 @@ void ReplayCache::decode(const TensorView& slots, const TensorView& x, const Ten
     }
     return v;
   };
-  verify(slots, with_window(x, 4), with_window(B, 4), with_window(C, 4), with_window(dt, 3),
-         with_window(y, 4));
-  const int64_t batch = slots.shape[0];
-  check(slots.memory == MemoryKind::host, "decode: slots in device memory need verify + commit ",
-        "with a device array of accepted counts");
-  std::vector<int32_t> ones(size_t(batch), 1);
-  commit(slots, host_view(ones.data(), DType::i32, {batch}));
+  const TensorView x1 = with_window(x, 4), B1 = with_window(B, 4), C1 = with_window(C, 4),
+                   dt1 = with_window(dt, 3), y1 = with_window(y, 4);
+  impl_->check_slots(slots, "decode");
+  check(x1.shape.size() == 4 && x1.shape[1] == 1,
+        "decode: x must be [B, H, P] or [B, 1, H, P] (one token), got ", x.describe());
+  check_token_views("decode", impl_->shape, impl_->config.activation_dtype, impl_->memory,
+                    slots.shape[0], 1, x1, B1, C1, dt1, y1);
+  impl_->backend->decode(impl_->token_batch(slots, x1, B1, C1, dt1, y1));
 }
 
 void ReplayCache::flush(const TensorView& slots) {

@@ -218,12 +218,22 @@ class CudaBackend final : public CacheBackend {
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
 
-  void verify(const TokenBatch& batch) override {
+  void verify(const TokenBatch& batch) override { launch_verify(batch, false); }
+
+  // The verify kernel's last block of each entry commits the token as it advances the cursors:
+  // three launches per step instead of four (validate, flush, verify; no commit kernel).
+  void decode(const TokenBatch& batch) override {
+    check(batch.tokens == 1, "cuda backend: decode takes one token, got ", batch.tokens);
+    launch_verify(batch, true);
+  }
+
+  void launch_verify(const TokenBatch& batch, bool commit_window) {
     check(batch.tokens >= 1 && batch.tokens <= config_.max_window, "cuda backend: window ",
           batch.tokens, " outside 1..max_window (", config_.max_window, ")");
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
     p.list_flushes = true;
+    p.commit_window = commit_window;
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_act(lc, [&]<typename ActT>() {
       cuda::validate_tokens_kernel<ActT>

@@ -79,9 +79,10 @@ struct ReplayParams {
   const float* dt;  // [B, T, H]
   void* y;          // [B, T, H, P] y_dtype
   DType y_dtype;
-  bool force_flush;   // explicit flush: fold whatever is committed
-  bool list_flushes;  // verify: validate_tokens lists the entries that flush
-  bool act_f16;       // 16-bit activations are fp16 (else bf16)
+  bool force_flush;    // explicit flush: fold whatever is committed
+  bool list_flushes;   // verify: validate_tokens lists the entries that flush
+  bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
+  bool act_f16;        // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
   int lanes_per_row;  // N / 8
   U32x2 key;
@@ -553,6 +554,7 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   const bool flush = verify_needs_flush(cur, p.tokens, p.L);
   if (flush) apply_flush(cur, p.L);
   apply_verify(cur, p.tokens);
+  if (p.commit_window) apply_commit(cur, p.tokens);
   p.cursors[slot] = cur;
   if (flush) {
     atomicAdd(&p.stats->flushes, 1ull);
