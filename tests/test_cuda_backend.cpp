@@ -106,8 +106,10 @@ std::vector<float> live_rows(const std::vector<float>& y, const std::vector<int3
 }
 
 // Tolerances (docs/cuda.md): fp32 outputs ~1e-5 relative (summation order, expf ulps);
-// quantized modes share codes except for rare nearest-rounding ties.
-double y_tolerance(Mode mode) { return mode == Mode::fp32 ? 2e-5 : 2e-4; }
+// quantized modes share codes except for rare rounding ties, and one flipped 8-bit code moves
+// one output by up to 1/8 of a product term: ~5e-4 of ||y|| in the smallest test shapes
+// (measured 3.4e-4 once; typically 2e-5..1e-4).
+double y_tolerance(Mode mode) { return mode == Mode::fp32 ? 2e-5 : 1e-3; }
 
 struct SlotDiff {
   double ckpt_rel = 0;       // rel L2 of the decoded recurrence checkpoints
