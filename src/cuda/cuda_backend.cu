@@ -121,7 +121,10 @@ class CudaBackend final : public CacheBackend {
                                                       int(dtype_size(config.activation_dtype)),
                                                       shape.headdim, N, config.history)
                                   .bytes;
-    smem_verify_ = cuda::StepSmem::bytes(config.history, N, cuda::kMaxWindow) + verify_stage_bytes_;
+    const int group_heads = shape.nheads / shape.ngroups;
+    smem_verify_ = std::max(cuda::StepSmem::bytes(config.history, N, cuda::kMaxWindow, group_heads),
+                            cuda::StepSmem::bytes(config.history, N, 1, group_heads)) +
+                   verify_stage_bytes_;
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
     check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,
@@ -138,7 +141,7 @@ class CudaBackend final : public CacheBackend {
     ensure_flush_list(config.num_slots);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config.mode, [&]<Mode kMode>() {
-      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N);
+      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, group_heads);
     });
     // The slot kernels, shared by the modes.
     cuda::load_kernel(cuda::commit_kernel);

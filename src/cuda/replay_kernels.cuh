@@ -114,7 +114,7 @@ __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
 }
 
 // Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;
-// `windows` = W rounded up as the kernel is specialised (1, 4 or 8).
+// `windows` = W rounded up as the kernel is specialised (1, 4 or 8), `heads` = heads per block.
 struct StepSmem {
   float* B;    // [L, N]         entries the readout sees: committed, then the window
   float* C;    // [windows, N]
@@ -125,12 +125,22 @@ struct StepSmem {
   float* run;    // [L]            L_k = delta_0 + ... + delta_k
   float* w;      // [windows, L]   w_jk (+ D when k = i)
   float* dec;    // [windows]      exp(A L_i)
+  // W = 1: the weights of every head of the block, formed once before the readout.
+  float* head_delta;  // [heads, L]  delta_k of each head
+  float* head_w;      // [heads, L]  w_k (+ D when k = i)
+  float* head_dec;    // [heads]     exp(A L_i)
 
-  __host__ __device__ static size_t bytes(int L, int N, int windows) {  // 16-byte multiple
-    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L) + 15) /
+  __host__ __device__ static size_t head_floats(int L, int windows, int heads) {
+    return windows == 1 ? size_t(heads) * (2 * L + 1) : 0;
+  }
+  __host__ __device__ static size_t bytes(int L, int N, int windows,
+                                          int heads) {  // 16-byte multiple
+    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L +
+                             head_floats(L, windows, heads)) +
+            15) /
            16 * 16;
   }
-  __device__ static StepSmem carve(float* base, int L, int N, int windows) {
+  __device__ static StepSmem carve(float* base, int L, int N, int windows, int heads) {
     StepSmem s;
     s.B = base;
     s.C = s.B + L * N;
@@ -140,6 +150,9 @@ struct StepSmem {
     s.run = s.delta + L;
     s.w = s.run + L;
     s.dec = s.w + windows * L;
+    s.head_delta = s.dec + windows;
+    s.head_w = s.head_delta + heads * L;
+    s.head_dec = s.head_w + heads * L;
     return s;
   }
 };
@@ -513,11 +526,28 @@ __device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSe
   return 0.f;
 }
 
+// Which x vectors of a unit a thread copies (16 bytes each, per_k of them per entry).
+struct XCopy {
+  int per_k;
+  bool tiled;  // per_k divides the block: vector q of entries k0, k0 + k_stride, ...
+  int q, k0, k_stride;
+  __device__ static XCopy make(int per_k) {
+    XCopy x;
+    x.per_k = per_k;
+    x.tiled = kVerifyThreads % per_k == 0;
+    x.q = threadIdx.x % per_k;
+    x.k0 = threadIdx.x / per_k;
+    x.k_stride = kVerifyThreads / per_k;
+    return x;
+  }
+};
+
 // Issues the copies of one unit (rows row0.. of head h) into a stage and commits them as a group.
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& after, const VerifyStage& vs,
-                                           uint8_t* stage, int b, int h, int row0, int m) {
+                                           const XCopy& xc, uint8_t* stage, int b, int h, int row0,
+                                           int m) {
   const int64_t row = int64_t(h) * p.P + row0;
   const SlotSections v = vs.view(stage);
   constexpr bool kSeparate = has_read_copy(kMode);
@@ -529,12 +559,18 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   if (vs.block_bytes)
     cp_async_block(v.read_block_scale, sec.read_block_scale + row * vs.block_bytes,
                    vs.rows * vs.block_bytes);
-  const int per_k = vs.rows * int(sizeof(ActT)) / 16;  // 16-byte vectors per entry
-  for (int i = threadIdx.x; i < m * per_k; i += blockDim.x) {
-    const int k = i / per_k, q = i - k * per_k;
+  auto copy_x = [&](int k, int q) {
     cp_async16(static_cast<uint8_t*>(v.ring_x) + (int64_t(k) * vs.x_pitch * sizeof(ActT)) + 16 * q,
                reinterpret_cast<const uint8_t*>(entry_x_row<ActT>(p, sec, after, b, h, k) + row0) +
                    16 * q);
+  };
+  if (xc.tiled) {
+    for (int k = xc.k0; k < m; k += xc.k_stride) copy_x(k, xc.q);
+  } else {
+    for (int i = threadIdx.x; i < m * xc.per_k; i += blockDim.x) {
+      const int k = i / xc.per_k;
+      copy_x(k, i - k * xc.per_k);
+    }
   }
   cp_async_commit();
 }
@@ -633,13 +669,22 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
   const int c = after.committed, m = c + W;
 
-  const StepSmem sm = StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW);
+  const StepSmem sm =
+      StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW, p.heads_per_block);
   const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
-  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW);
+  uint8_t* stages =
+      reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW, p.heads_per_block);
   const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
+  // Unit u is rows row0.. of head h0 + hh; a head is one unit whenever its codes fit a stage
+  // (every preset at 8 bits), and then no division is needed.
+  auto unit_head = [&](int u) { return units_per_head == 1 ? u : u / units_per_head; };
+  auto unit_row0 = [&](int u) { return units_per_head == 1 ? 0 : u % units_per_head * vs.rows; };
+  // The x vectors of a unit: 16 bytes each, per_k per entry. When per_k divides the block,
+  // thread t always copies vector t % per_k of entries t / per_k, t / per_k + stride, ...
+  const XCopy xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
   auto issue = [&](int u) {
-    issue_unit<kMode, ActT>(p, sec, after, vs, stages + (u % kVerifyStages) * vs.bytes, b,
-                            h0 + u / units_per_head, u % units_per_head * vs.rows, m);
+    issue_unit<kMode, ActT>(p, sec, after, vs, xc, stages + (u % kVerifyStages) * vs.bytes, b,
+                            h0 + unit_head(u), unit_row0(u), m);
   };
   for (int u = 0; u < kVerifyStages - 1; ++u) {
     if (u < units)
@@ -699,6 +744,32 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       if (lane == 0) sm.dot[j * L + k] = d;
     }
   }
+  if constexpr (kW == 1) {
+    // The weights of every head of the block, once: per head and unit each lane would form the
+    // running sums of its entries itself, the same work in every row group of lanes.
+    __syncthreads();  // sm.dot
+    const int hpb = p.heads_per_block;
+    for (int t = threadIdx.x; t < hpb * m; t += blockDim.x) {
+      const int hh = t / m, k = t - hh * m;
+      sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < hpb * m; t += blockDim.x) {
+      const int hh = t / m, k = t - hh * m, i = c;  // i: the token's logical position
+      const float* dl = sm.head_delta + hh * L;
+      float run = 0.f, Lk = 0.f, Li = 0.f;
+      for (int q = 0; q < m; ++q) {  // sequential, the CPU reference's order
+        run += dl[q];
+        if (q == k) Lk = run;
+        if (q == i) Li = run;
+      }
+      const float A = p.head.A[h0 + hh];
+      float w = dl[k] * decay(A * (Li - Lk)) * sm.dot[k];
+      if (k == i) w += p.head.D[h0 + hh];
+      sm.head_w[hh * L + k] = w;
+      if (k == i) sm.head_dec[hh] = decay(A * Li);
+    }
+  }
   const RowMap rm(p.lanes_per_row, 1);
   // W > 1 in the 8/4-bit read modes: the readout runs on the tensor cores (B fragments in cb);
   // otherwise on FFMA with Cr_j in registers (cr).
@@ -738,16 +809,17 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
   float dec[kW];           // exp(A L_i)
   float dl_next[kEntries];
+  if constexpr (kW > 1)
 #pragma unroll
-  for (int t = 0; t < kEntries; ++t)
-    dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
+    for (int t = 0; t < kEntries; ++t)
+      dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
   for (int u = 0; u < units; ++u) {
     __syncthreads();  // the stage issued next was consumed in iteration u - 1 (and sm.dot is set)
     if (u + kVerifyStages - 1 < units)
       issue(u + kVerifyStages - 1);
     else
       cp_async_commit();
-    const int h = h0 + u / units_per_head, row0 = u % units_per_head * vs.rows;
+    const int h = h0 + unit_head(u), row0 = unit_row0(u);
     if (kMma && row0 == 0) {
       // The head's weights in shared memory, read by every tile: w_jk (+ D at k = i), exp(A L_i).
       const float A = p.head.A[h], D = p.head.D[h];
@@ -770,6 +842,14 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       }
       for (int j = threadIdx.x; j < kW; j += blockDim.x)
         sm.dec[j] = j < W ? decay(A * sm.run[c + j]) : 0.f;
+    } else if (kW == 1 && row0 == 0) {
+      const int hh = h - h0;
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) {
+        const int k = rm.lane_in_row + t * rm.lanes;
+        wk[t][0] = k < m ? sm.head_w[hh * L + k] : 0.f;
+      }
+      dec[0] = sm.head_dec[hh];
     } else if (!kMma && row0 == 0) {
       // Running sums in the CPU reference's order (sequential over k), broadcast from the lanes
       // that own the entries; m is uniform over the block, so every lane takes part.

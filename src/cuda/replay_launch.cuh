@@ -59,7 +59,8 @@ void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
     }
   const int blocks = p.batch * p.H / p.heads_per_block;
   auto run = [&](auto kernel, int windows) {
-    const size_t smem = StepSmem::bytes(p.L, p.N, windows) + lc.verify_stage_bytes;
+    const size_t smem =
+        StepSmem::bytes(p.L, p.N, windows, p.heads_per_block) + lc.verify_stage_bytes;
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
@@ -96,7 +97,7 @@ void load_kernel(Kernel kernel, size_t smem) {
 }
 
 template <Mode kMode>
-void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N) {
+void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max_heads) {
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
@@ -104,11 +105,11 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N) {
     size_flush_grid(lc, flush_kernel<kMode, ActT>);
     auto verify_kernels = [&]<int kEntries>() {
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries>,
-                  StepSmem::bytes(L, N, 1) + lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 1, max_heads) + lc.verify_stage_bytes);
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries>,
-                  StepSmem::bytes(L, N, 4) + lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 4, max_heads) + lc.verify_stage_bytes);
       load_kernel(verify_kernel<kMode, ActT, 8, kEntries>,
-                  StepSmem::bytes(L, N, 8) + lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 8, max_heads) + lc.verify_stage_bytes);
     };
     if (lc.entries_per_lane == 1)
       verify_kernels.template operator()<1>();
