@@ -117,14 +117,15 @@ class CudaBackend final : public CacheBackend {
     base_.head = cuda::make_head_params(shape, params);
     smem_fold_ = cuda::FoldSmem::bytes(config.history, N, shape.headdim);
     verify_stage_bytes_ =
-        cuda::kVerifyStages * cuda::VerifyStage::make(config.mode,
-                                                      int(dtype_size(config.activation_dtype)),
-                                                      shape.headdim, N, config.history)
-                                  .bytes;
+        cuda::VerifyStage::make(config.mode, int(dtype_size(config.activation_dtype)),
+                                shape.headdim, N, config.history)
+            .bytes;
     const int group_heads = shape.nheads / shape.ngroups;
-    smem_verify_ = std::max(cuda::StepSmem::bytes(config.history, N, cuda::kMaxWindow, group_heads),
-                            cuda::StepSmem::bytes(config.history, N, 1, group_heads)) +
-                   verify_stage_bytes_;
+    smem_verify_ = 0;
+    for (int windows : {1, 4, 8})
+      smem_verify_ =
+          std::max(smem_verify_, cuda::StepSmem::bytes(config.history, N, windows, group_heads) +
+                                     cuda::verify_stages(windows) * verify_stage_bytes_);
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
     check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,
@@ -446,7 +447,7 @@ class CudaBackend final : public CacheBackend {
   uint64_t writes_by_import_ = 0;
   ReplayParams base_;
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
-  size_t smem_verify_ = 0;         // verify_kernel at W = 8 (the most)
+  size_t smem_verify_ = 0;         // verify_kernel, the most over the windows
   size_t verify_stage_bytes_ = 0;  // its checkpoint staging
   // [2 + 2 batch]: count, the flushing batch entries, the arrival counters of verify_kernel, the
   // finished-block counter of flush_kernel

@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 //
 // What the heads of a group share is done once per block: the entries' B and the window's C are
 // staged and the products B_k . C_j go to shared memory. The read checkpoint streams through
-// shared memory in (head, row chunk) units with cp.async, kVerifyStages deep, so the bytes in
+// shared memory in (head, row chunk) units with cp.async, verify_stages(W) deep, so the bytes in
 // flight do not depend on registers (an 8-byte fp8 chunk per lane held in registers leaves the
 // memory system idle). Per head the weights stay in registers: lane l of a row owns the entries
 // k = l + t * N/8 (t < kEntries) and forms w_jk for them; the ring term then joins the checkpoint
@@ -446,7 +446,9 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 // Cr_j is held in registers (each thread always works on the same 8 columns; reading it from
 // shared memory per row would move 32 bytes of shared memory per checkpoint byte at W = 8).
 inline constexpr int kVerifyThreads = 128;
-inline constexpr int kVerifyStages = 3;
+// Stages in flight: at W = 1 two (one unit copied while one is read) leave room for more blocks
+// per SM; the tensor-core path keeps three.
+constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
 inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
 
 // Shared-memory staging of one unit: `rows` rows of one head's read checkpoint (codes, row
@@ -658,6 +660,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     verify_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on flush_kernel at small batches
   extern __shared__ float4 smem_raw[];
+  constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = H / G / p.heads_per_block;
   const int b = blockIdx.x / (G * chunks), g = blockIdx.x / chunks % G;
@@ -683,10 +686,10 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   // thread t always copies vector t % per_k of entries t / per_k, t / per_k + stride, ...
   const XCopy xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
   auto issue = [&](int u) {
-    issue_unit<kMode, ActT>(p, sec, after, vs, xc, stages + (u % kVerifyStages) * vs.bytes, b,
+    issue_unit<kMode, ActT>(p, sec, after, vs, xc, stages + (u % kStages) * vs.bytes, b,
                             h0 + unit_head(u), unit_row0(u), m);
   };
-  for (int u = 0; u < kVerifyStages - 1; ++u) {
+  for (int u = 0; u < kStages - 1; ++u) {
     if (u < units)
       issue(u);
     else
@@ -815,8 +818,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
   for (int u = 0; u < units; ++u) {
     __syncthreads();  // the stage issued next was consumed in iteration u - 1 (and sm.dot is set)
-    if (u + kVerifyStages - 1 < units)
-      issue(u + kVerifyStages - 1);
+    if (u + kStages - 1 < units)
+      issue(u + kStages - 1);
     else
       cp_async_commit();
     const int h = h0 + unit_head(u), row0 = unit_row0(u);
@@ -888,9 +891,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
         }
       }
     }
-    cp_async_wait<kVerifyStages - 1>();
+    cp_async_wait<kStages - 1>();
     __syncthreads();  // unit u's bytes, copied by every thread, are in shared memory
-    uint8_t* stage = stages + (u % kVerifyStages) * vs.bytes;
+    uint8_t* stage = stages + (u % kStages) * vs.bytes;
     const SlotSections view = vs.view(stage);
     const ActT* xs = static_cast<const ActT*>(view.ring_x);
     if constexpr (kMma) {

@@ -17,7 +17,7 @@ struct LaunchConfig {
   int entries_per_lane;       // ring entries per lane of a row in verify_kernel (1 or 2)
   bool act_f32;               // activations in fp32 (else bf16 / fp16, told apart by act_f16)
   size_t smem_fold;           // flush, prefill, dense
-  size_t verify_stage_bytes;  // verify_kernel's checkpoint staging (all stages)
+  size_t verify_stage_bytes;  // verify_kernel's checkpoint staging, one stage
   int* flush_grid;            // cached grid of flush_kernel, 0 until the first launch
   bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
                               // before them in the stream (cuda_common.cuh)
