@@ -31,6 +31,7 @@ struct SrContext {
   uint32_t flush_index;
   int bits;
   int rounds;
+  PhiloxKeys10 keys10{};  // philox_keys10(key) where rounds == 10 (the CUDA encoders use it)
 };
 
 inline constexpr int kSrElementsPerDraw = 8;

@@ -58,4 +58,30 @@ RSSM_HD U32x4 philox4x32(U32x4 counter, U32x2 key, int rounds = 10) {
   return U32x4{{c0, c1, c2, c3}};
 }
 
+// The round keys of the 10-round generator, key + i (W0, W1) for i = 0..9. A kernel keeps them
+// in its parameters (constant memory), so each round is two wide multiplies and two 3-input XORs
+// with a constant operand instead of also advancing the key in registers.
+struct PhiloxKeys10 {
+  uint32_t k0[10], k1[10];
+};
+
+RSSM_HD PhiloxKeys10 philox_keys10(U32x2 key) {
+  PhiloxKeys10 keys{};
+  for (uint32_t i = 0; i < 10; ++i) {
+    keys.k0[i] = key.v[0] + i * detail::kPhiloxW0;
+    keys.k1[i] = key.v[1] + i * detail::kPhiloxW1;
+  }
+  return keys;
+}
+
+// philox4x32(counter, key, 10) with the key schedule given (the same bits).
+RSSM_HD U32x4 philox4x32_10(U32x4 counter, const PhiloxKeys10& keys) {
+  uint32_t c0 = counter.v[0], c1 = counter.v[1], c2 = counter.v[2], c3 = counter.v[3];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < 10; ++i) detail::philox_round(c0, c1, c2, c3, keys.k0[i], keys.k1[i]);
+  return U32x4{{c0, c1, c2, c3}};
+}
+
 }  // namespace replayssm

@@ -112,6 +112,7 @@ class CudaBackend final : public CacheBackend {
     base_.lanes_per_row = N / 8;
     base_.act_f16 = config.activation_dtype == DType::f16;
     base_.key = philox_key(config.seed, config.layer);
+    base_.keys10 = philox_keys10(base_.key);
     base_.sr_bits = config.sr_bits;
     base_.philox_rounds = config.philox_rounds;
     base_.head = cuda::make_head_params(shape, params);

@@ -156,7 +156,9 @@ __device__ __forceinline__ float row_sum(float v, int lanes) {
 
 // NaN-sticky max of magnitudes, the rule of formats.h's row_amax (max is order independent).
 __device__ __forceinline__ float amax_combine(float m, float a) {
-  return (a > m || a != a) ? a : m;
+  float r;  // max.NaN: NaN if either is NaN, else the larger (one FMNMX.NAN)
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
+  return r;
 }
 __device__ __forceinline__ float row_amax(float m, int lanes) {
   for (int o = lanes >> 1; o > 0; o >>= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));

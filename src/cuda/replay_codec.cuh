@@ -182,19 +182,25 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   int saturated = 0;
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
   const bool fast = sr.bits <= 12;
-  const U32x4 draw = philox4x32(sr_counter(sr, e), sr.key, sr.rounds);  // e % 8 == 0: one draw
+  float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
+  // e % 8 == 0: one draw; the default 10 rounds with the key schedule from the parameters.
+  const U32x4 draw = sr.rounds == 10 ? philox4x32_10(sr_counter(sr, e), sr.keys10)
+                                     : philox4x32(sr_counter(sr, e), sr.key, sr.rounds);
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float x = v[k];
     if (fast) {
       out[k] = f32_to_f16_sr_fast(x, sr_random(draw, k), sr.bits);
-      saturated += detail::abs_f32(x) > 65504.f ? 1 : 0;
+      magnitude = fmaxf(magnitude, fabsf(x));
     } else {
       bool sat = false;
       out[k] = f32_to_f16_sr(x, sr_random(draw, k), sr.bits, &sat);
       saturated += sat ? 1 : 0;
     }
   }
+  if (magnitude > 65504.f)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) saturated += fabsf(v[k]) > 65504.f ? 1 : 0;
   return saturated;
 }
 
@@ -202,7 +208,7 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
 __device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes) {
   float m = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) m = amax_combine(m, detail::abs_f32(v[i]));
+  for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));  // |.| folds into the max
   return row_amax(m, lanes);
 }
 
@@ -261,7 +267,7 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   const float g = __fdiv_rn(kGlobal, amax);
   float bm = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) bm = amax_combine(bm, detail::abs_f32(v[i]));
+  for (int i = 0; i < 8; ++i) bm = amax_combine(bm, fabsf(v[i]));
   bm = amax_combine(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
   float s = __fdiv_rn(bm, kE2m1Max);
   s = __fmul_rn(s, g);

@@ -86,6 +86,7 @@ struct ReplayParams {
   int H, P, N, G, L;
   int lanes_per_row;  // N / 8
   U32x2 key;
+  PhiloxKeys10 keys10;  // philox_keys10(key)
   int sr_bits, philox_rounds;
   HeadParams head;
   int32_t*
@@ -100,7 +101,7 @@ struct ReplayParams {
 };
 
 __device__ __forceinline__ SrContext make_sr(const ReplayParams& p, const SlotCursors& c) {
-  return SrContext{p.key, c.request_id, c.flush_index, p.sr_bits, p.philox_rounds};
+  return SrContext{p.key, c.request_id, c.flush_index, p.sr_bits, p.philox_rounds, p.keys10};
 }
 
 // Per batch entry, kValidateSplit status words (one per validating block): the entry takes part
@@ -274,14 +275,20 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[r][i] *= d0;
-  for (int k = 0; k < count; ++k) {
-    const float4 b0 = *reinterpret_cast<const float4*>(f.B + k * N + n0);
-    const float4 b1 = *reinterpret_cast<const float4*>(f.B + k * N + n0 + 4);
+  // Pointers advanced per entry (the indexed form recomputed every address per entry and row).
+  const float* bk = f.B + n0;
+  const float* xk[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xk[r] = f.x + prow[r];
+  for (int k = 0; k < count; ++k, bk += N) {
+    const float4 b0 = *reinterpret_cast<const float4*>(bk);
+    const float4 b1 = *reinterpret_cast<const float4*>(bk + 4);
     const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
     const float wk = f.w[k];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float wx = wk * f.x[k * P + prow[r]];
+      const float wx = wk * *xk[r];
+      xk[r] += P;
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[r][i] += wx * bv[i];
     }
@@ -353,12 +360,14 @@ inline constexpr int kFlushThreads = 128;
 // stay resident; with 4 rows they needed 96 registers plus 200 bytes of spills at 5 blocks. The
 // A/B on the H200 (bench/results/2026-11-30-h200-session5.md): separate-fp8 W=8 batch 64
 // 303.1 -> 296.2 us, 256: 1078.6 -> 1039.4; separate-nvfp4 417.9 -> 395.8; shared-fp8, whose
-// 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4.
+// 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4. fp16-sr (the SR alone) spilled
+// 108 bytes at 4 rows once the Philox round keys came from the parameters, and takes 2 as well.
 constexpr bool has_read_copy(Mode mode) {  // the separate modes
   return mode == Mode::separate_fp8 || mode == Mode::separate_nvfp4;
 }
-constexpr int flush_rows(Mode mode) { return has_read_copy(mode) ? 2 : kStepRows; }
-constexpr int flush_min_blocks(Mode mode) { return has_read_copy(mode) ? 6 : 5; }
+constexpr bool two_flush_rows(Mode mode) { return has_read_copy(mode) || mode == Mode::fp16_sr; }
+constexpr int flush_rows(Mode mode) { return two_flush_rows(mode) ? 2 : kStepRows; }
+constexpr int flush_min_blocks(Mode mode) { return two_flush_rows(mode) ? 6 : 5; }
 
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
