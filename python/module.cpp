@@ -126,11 +126,15 @@ class PyCache {
 
   py::object prefill(py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
                      py::handle y) {
-    return run(true, slots, x, B, C, dt, y);
+    return run(Op::prefill, slots, x, B, C, dt, y);
   }
   py::object verify(py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
                     py::handle y) {
-    return run(false, slots, x, B, C, dt, y);
+    return run(Op::verify, slots, x, B, C, dt, y);
+  }
+  py::object decode(py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
+                    py::handle y) {
+    return run(Op::decode, slots, x, B, C, dt, y);
   }
   void commit(py::handle slots, py::handle accepted) {
     const Tensor s = int_arg(slots, "slots"), a = int_arg(accepted, "accepted");
@@ -250,9 +254,11 @@ class PyCache {
     return t;
   }
 
+  enum class Op { prefill, verify, decode };
+
   // y: written into the given array (float32, C-contiguous, writable), or a new numpy array.
-  py::object run(bool prefill, py::handle slots, py::handle x, py::handle B, py::handle C,
-                 py::handle dt, py::handle y) {
+  py::object run(Op op, py::handle slots, py::handle x, py::handle B, py::handle C, py::handle dt,
+                 py::handle y) {
     const Tensor ts = int_arg(slots, "slots"), tx = float_arg(x, "x", true),
                  tB = float_arg(B, "B", true), tC = float_arg(C, "C", true),
                  tdt = float_arg(dt, "dt", false);
@@ -261,8 +267,9 @@ class PyCache {
     if (y.is_none()) {
       check(tx.view.memory == MemoryKind::host,
             "replayssm: x is in CUDA memory; pass y= (a CUDA float32 array) for the outputs");
-      check(tx.view.shape.size() == 4, "replayssm: x must be [B, T, H, P], got ",
-            tx.view.describe());
+      const size_t rank = tx.view.shape.size();
+      check(rank == 4 || (op == Op::decode && rank == 3), "replayssm: x must be [B, T, H, P]",
+            op == Op::decode ? " or [B, H, P]" : "", ", got ", tx.view.describe());
       F32Array out(tx.view.shape);
       ty.view = TensorView{out.mutable_data(), DType::f32, tx.view.shape, MemoryKind::host};
       result = out;
@@ -278,10 +285,12 @@ class PyCache {
       result = py::reinterpret_borrow<py::object>(y);
     }
     py::gil_scoped_release unlocked;  // the cache's threads (or the GPU) do the work
-    if (prefill)
+    if (op == Op::prefill)
       cache_.prefill(ts.view, tx.view, tB.view, tC.view, tdt.view, ty.view);
-    else
+    else if (op == Op::verify)
       cache_.verify(ts.view, tx.view, tB.view, tC.view, tdt.view, ty.view);
+    else
+      cache_.decode(ts.view, tx.view, tB.view, tC.view, tdt.view, ty.view);
     return result;
   }
 
@@ -319,6 +328,10 @@ PYBIND11_MODULE(replayssm, m) {
       .def("verify", &PyCache::verify, py::arg("slots"), py::arg("x"), py::arg("B"), py::arg("C"),
            py::arg("dt"), py::arg("y") = py::none(),
            "appends the window as pending entries; returns y of every position")
+      .def("decode", &PyCache::decode, py::arg("slots"), py::arg("x"), py::arg("B"), py::arg("C"),
+           py::arg("dt"), py::arg("y") = py::none(),
+           "verify of one token and commit of it; x [B, H, P] or [B, 1, H, P]; returns y "
+           "(the CUDA backend does both in one pass)")
       .def("commit", &PyCache::commit, py::arg("slots"), py::arg("accepted"))
       .def("flush", &PyCache::flush, py::arg("slots"))
       .def("state", &PyCache::state, py::arg("slot"), py::arg("at") = -1,

@@ -89,7 +89,8 @@ class ReplayCache {
               const TensorView& C, const TensorView& dt, const TensorView& y);
   // accepted: i32 [B], 1 <= accepted[b] <= pending.
   void commit(const TensorView& slots, const TensorView& accepted);
-  // verify with W = 1, then commit 1. x [B,1,H,P] or [B,H,P] (likewise B, C, dt, y).
+  // verify with W = 1, then commit 1. x [B,1,H,P] or [B,H,P] (likewise B, C, dt, y). Slots may
+  // be in device memory; the CUDA backend does both in one pass (no commit launch).
   void decode(const TensorView& slots, const TensorView& x, const TensorView& B,
               const TensorView& C, const TensorView& dt, const TensorView& y);
   void flush(const TensorView& slots);

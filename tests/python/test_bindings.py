@@ -121,6 +121,25 @@ class BindingsTest(unittest.TestCase):
         # outputs read an fp8 copy (3 mantissa bits): a few percent per element at most
         self.run_decode("separate-fp8", "bf16", 5e-2)
 
+    def test_decode_is_verify_of_one_and_commit(self):
+        # [B, H, P] views (no token axis) through decode give verify(W = 1) + commit(1) bit for
+        # bit, across flushes.
+        a, _, rng = self.make("separate-fp8", activation="bf16")
+        b = self.make("separate-fp8", activation="bf16")[0]
+        slots = np.array([a.allocate(3), a.allocate(4)], dtype=np.int32)
+        b.allocate(3), b.allocate(4)
+        for _ in range(40):
+            x, B, C, dt = self.tokens(rng, 2, 1)
+            y = a.verify(slots, x, B, C, dt)
+            a.commit(slots, np.ones(2, dtype=np.int32))
+            y1 = b.decode(slots, x[:, 0], B[:, 0], C[:, 0], dt[:, 0])
+            self.assertEqual(y1.shape, (2,) + self.shape[:2])
+            np.testing.assert_array_equal(y1, y[:, 0])
+        self.assertEqual(a.export_slot(0), b.export_slot(0))
+        self.assertGreater(b.stats()["flushes"], 3)
+        with self.assertRaisesRegex(replayssm.Error, "one token"):
+            b.decode(slots, *self.tokens(rng, 2, 2))
+
     def test_rejected_drafts_leave_the_slot_unchanged(self):
         # Two caches see the same accepted tokens and different rejected drafts: after every
         # commit their slots are identical, through flushes (c + 6 > 16 every few steps).
