@@ -540,11 +540,12 @@ TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   EXPECT_TRUE(before.bytes == after.bytes);
 }
 
-// verify + commit captured once in a CUDA graph, replayed with new inputs, against the CPU.
-TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
-  SKIP_WITHOUT_DEVICE();
+// One step captured once in a CUDA graph and replayed with new inputs, against the CPU's verify +
+// commit: verify of W tokens + commit of random accepted counts (device arrays), or decode (W =
+// 1; the verify kernel commits, one launch less).
+void check_graph_capture(bool decode, int W, int steps, uint64_t seed, uint64_t min_flushes) {
   const SsmShape shape{8, 16, 128, 2};
-  std::mt19937_64 rng(11);
+  std::mt19937_64 rng(seed);
   const LayerParams params = random_params(shape, rng);
   for (Mode mode : {Mode::fp32, Mode::separate_fp8}) {
     CacheConfig cfg;
@@ -552,7 +553,7 @@ TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
     cfg.num_slots = 4;
     ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
     ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
-    const int B = 4, W = 4;
+    const int B = 4;
     for (int s = 0; s < 3; ++s) cpu.open(s, 10 + s), gpu.open(s, 10 + s);
     std::vector<int32_t> slots{2, kPaddingSlot, 0, 1};
     DeviceBytes dslots(slots);
@@ -561,18 +562,24 @@ TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
     std::vector<int32_t> accepted(B, 1);
     DeviceBytes dacc(accepted);
     const DType act = cfg.activation_dtype;
+    const TensorView ds = dview(dslots.ptr, DType::i32, {B});
     cudaStream_t stream = cuda_backend_stream(gpu.impl());
     cuda_backend_synchronize(gpu.impl());
     cudaGraph_t graph;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    gpu.verify(dview(dslots.ptr, DType::i32, {B}), dt.vx(shape, act), dt.vB(shape, act),
-               dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
-    gpu.commit(dview(dslots.ptr, DType::i32, {B}), dview(dacc.ptr, DType::i32, {B}));
+    if (decode) {
+      gpu.decode(ds, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act), dt.vdt(shape),
+                 dt.vy(shape));
+    } else {
+      gpu.verify(ds, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act), dt.vdt(shape),
+                 dt.vy(shape));
+      gpu.commit(ds, dview(dacc.ptr, DType::i32, {B}));
+    }
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     cudaGraphExec_t exec;
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     const size_t per = size_t(W) * shape.nheads * shape.headdim;
-    for (int step = 0; step < 24; ++step) {
+    for (int step = 0; step < steps; ++step) {
       tk = random_tokens(shape, act, B, W, rng);
       for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
       dt.x.upload(tk.x);
@@ -594,74 +601,25 @@ TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
     }
     for (int s = 0; s < 3; ++s) {
       const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
-      EXPECT_TRUE(d.cursors_equal);
-      EXPECT_TRUE(d.ring_equal);
+      EXPECT_TRUE(d.cursors_equal) << mode_name(mode) << " slot " << s;
+      EXPECT_TRUE(d.ring_equal) << mode_name(mode) << " slot " << s;
     }
-    EXPECT_GE(gpu.stats().flushes, 9u);
+    EXPECT_GE(gpu.stats().flushes, min_flushes);
     EXPECT_EQ(gpu.stats().flushes, cpu.stats().flushes);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
 }
 
-// decode (one launch less: the verify kernel commits) with device slots, captured in a graph,
-// against the CPU's verify(W = 1) + commit(1) over more than one flush cycle.
+TEST(CudaBackend, GraphCaptureOfVerifyAndCommit) {
+  SKIP_WITHOUT_DEVICE();
+  check_graph_capture(false, 4, 24, 11, 9);
+}
+
+// Device slot lists with decode; 3 slots x 40 tokens at history 16: 2 flushes each.
 TEST(CudaBackend, GraphCaptureOfDecode) {
   SKIP_WITHOUT_DEVICE();
-  const SsmShape shape{8, 16, 128, 2};
-  std::mt19937_64 rng(12);
-  const LayerParams params = random_params(shape, rng);
-  for (Mode mode : {Mode::fp32, Mode::separate_fp8}) {
-    CacheConfig cfg;
-    cfg.mode = mode;
-    cfg.num_slots = 4;
-    ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
-    ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
-    const int B = 3;
-    for (int s = 0; s < 2; ++s) cpu.open(s, 20 + s), gpu.open(s, 20 + s);
-    std::vector<int32_t> slots{1, kPaddingSlot, 0};
-    const std::vector<int32_t> ones(B, 1);
-    DeviceBytes dslots(slots);
-    Tokens tk = random_tokens(shape, cfg.activation_dtype, B, 1, rng);
-    DeviceTokens dt(shape, tk);
-    const DType act = cfg.activation_dtype;
-    cudaStream_t stream = cuda_backend_stream(gpu.impl());
-    cuda_backend_synchronize(gpu.impl());
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    gpu.decode(dview(dslots.ptr, DType::i32, {B}), dt.vx(shape, act), dt.vB(shape, act),
-               dt.vC(shape, act), dt.vdt(shape), dt.vy(shape));
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    const size_t per = size_t(shape.nheads) * shape.headdim;
-    for (int step = 0; step < 40; ++step) {
-      tk = random_tokens(shape, act, B, 1, rng);
-      dt.x.upload(tk.x);
-      dt.B.upload(tk.B);
-      dt.C.upload(tk.C);
-      dt.dt.upload(tk.dt);
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      std::vector<float> ycpu(size_t(B) * per, NAN);
-      cpu.verify(host_view(slots.data(), DType::i32, {B}), tk.view_x(shape), tk.view_B(shape),
-                 tk.view_C(shape), tk.view_dt(shape),
-                 host_view(ycpu.data(), DType::f32, {B, 1, shape.nheads, shape.headdim}));
-      cpu.commit(host_view(slots.data(), DType::i32, {B}), host_view(ones.data(), DType::i32, {B}));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      const auto ygpu = dt.y.download<float>(ycpu.size());
-      EXPECT_LT(rel_l2(live_rows(ygpu, slots, per), live_rows(ycpu, slots, per)), y_tolerance(mode))
-          << mode_name(mode) << " step " << step;
-    }
-    for (int s = 0; s < 2; ++s) {
-      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
-      EXPECT_TRUE(d.cursors_equal) << mode_name(mode) << " slot " << s;
-      EXPECT_TRUE(d.ring_equal) << mode_name(mode) << " slot " << s;
-    }
-    EXPECT_EQ(gpu.stats().flushes, 4u);  // 2 slots x 40 tokens, history 16: 2 flushes each
-    EXPECT_EQ(gpu.stats().flushes, cpu.stats().flushes);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
+  check_graph_capture(true, 1, 40, 12, 6);
 }
 
 struct SdCase {
