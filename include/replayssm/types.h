@@ -37,10 +37,19 @@ const char* mode_name(Mode mode);  // the SPEC name, e.g. "separate-fp8"
 Mode parse_mode(std::string_view name);
 // The seed's vocabulary: --checkpoint-mode separate|shared --state-dtype fp8|nvfp4|int8.
 Mode parse_mode(std::string_view checkpoint_mode, std::string_view state_dtype);
-bool is_separate(Mode mode);          // two checkpoints: fp16 SR carrier + 8/4-bit read copy
-bool is_shared_quantized(Mode mode);  // one 8-bit checkpoint with a row scale
-bool uses_stochastic_rounding(Mode mode);
-bool has_bf16_readout(Mode mode);  // 8/4-bit read checkpoint: BF16 readout rule of SPEC 5
+// Mode predicates, constexpr so that kernels specialise on them at compile time.
+constexpr bool is_separate(Mode mode) {  // two checkpoints: fp16 SR carrier + 8/4-bit read copy
+  return mode == Mode::separate_fp8 || mode == Mode::separate_nvfp4;
+}
+constexpr bool is_shared_quantized(Mode mode) {  // one 8-bit checkpoint with a row scale
+  return mode == Mode::shared_fp8 || mode == Mode::shared_int8;
+}
+constexpr bool uses_stochastic_rounding(Mode mode) {
+  return mode == Mode::fp16_sr || is_separate(mode);
+}
+constexpr bool has_bf16_readout(Mode mode) {  // 8/4-bit read checkpoint: BF16 readout of SPEC 5
+  return is_separate(mode) || is_shared_quantized(mode);
+}
 
 // Mamba-2 layer shape: H heads of P x N state, G groups sharing B and C.
 struct SsmShape {

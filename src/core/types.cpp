@@ -92,13 +92,6 @@ Mode parse_mode(std::string_view checkpoint_mode, std::string_view state_dtype) 
   fail("unknown --checkpoint-mode '", checkpoint_mode, "' (expected shared or separate)");
 }
 
-bool is_separate(Mode mode) { return mode == Mode::separate_fp8 || mode == Mode::separate_nvfp4; }
-bool is_shared_quantized(Mode mode) {
-  return mode == Mode::shared_fp8 || mode == Mode::shared_int8;
-}
-bool uses_stochastic_rounding(Mode mode) { return mode == Mode::fp16_sr || is_separate(mode); }
-bool has_bf16_readout(Mode mode) { return is_separate(mode) || is_shared_quantized(mode); }
-
 void SsmShape::validate() const {
   check(nheads > 0 && headdim > 0 && dstate > 0 && ngroups > 0,
         "shape must be positive, got H=", nheads, " P=", headdim, " N=", dstate, " G=", ngroups);

@@ -74,7 +74,7 @@ class CudaBackend final : public CacheBackend {
           " is not supported (64, 128 or 256)");
     check(shape.headdim % 8 == 0, "cuda backend: headdim ", shape.headdim,
           " must be a multiple of 8");
-    check(!cuda::bf16_readout(config.mode) || shape.headdim % 16 == 0, "cuda backend: headdim ",
+    check(!has_bf16_readout(config.mode) || shape.headdim % 16 == 0, "cuda backend: headdim ",
           shape.headdim, " must be a multiple of 16 in mode ", mode_name(config.mode),
           " (the readout runs on 16-row tensor-core tiles)");
     check(config.max_window <= cuda::kMaxWindow, "cuda backend: max_window ", config.max_window,

@@ -26,12 +26,6 @@ inline constexpr int kMaxHistory = 32;    // L <= 32
 inline constexpr int kStepThreads = 256;  // prefill and state kernels
 inline constexpr int kStepRows = 4;       // rows per thread and pass
 
-// The 8- and 4-bit read checkpoints use the BF16 readout rule (SPEC 5).
-constexpr bool bf16_readout(Mode mode) {
-  return mode == Mode::shared_fp8 || mode == Mode::shared_int8 || mode == Mode::separate_fp8 ||
-         mode == Mode::separate_nvfp4;
-}
-
 // Error codes of the device error word (docs/cuda.md).
 enum DeviceErrorCode : int32_t {
   kErrNone = 0,
@@ -362,12 +356,8 @@ inline constexpr int kFlushThreads = 128;
 // 303.1 -> 296.2 us, 256: 1078.6 -> 1039.4; separate-nvfp4 417.9 -> 395.8; shared-fp8, whose
 // 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4. fp16-sr (the SR alone) spilled
 // 108 bytes at 4 rows once the Philox round keys came from the parameters, and takes 2 as well.
-constexpr bool has_read_copy(Mode mode) {  // the separate modes
-  return mode == Mode::separate_fp8 || mode == Mode::separate_nvfp4;
-}
-constexpr bool two_flush_rows(Mode mode) { return has_read_copy(mode) || mode == Mode::fp16_sr; }
-constexpr int flush_rows(Mode mode) { return two_flush_rows(mode) ? 2 : kStepRows; }
-constexpr int flush_min_blocks(Mode mode) { return two_flush_rows(mode) ? 6 : 5; }
+constexpr int flush_rows(Mode mode) { return uses_stochastic_rounding(mode) ? 2 : kStepRows; }
+constexpr int flush_min_blocks(Mode mode) { return uses_stochastic_rounding(mode) ? 6 : 5; }
 
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
@@ -478,11 +468,11 @@ struct VerifyStage {
                    : (mode == Mode::bf16 || mode == Mode::fp16 || mode == Mode::fp16_sr) ? 2 * N
                    : mode == Mode::separate_nvfp4                                        ? N / 2
                                                                                          : N;
-    s.scale_bytes = bf16_readout(mode) ? 4 : 0;
+    s.scale_bytes = has_bf16_readout(mode) ? 4 : 0;
     s.block_bytes = mode == Mode::separate_nvfp4 ? N / 16 : 0;
     s.rows = P;
     // The tensor-core readout of the 8/4-bit modes works on 16-row tiles.
-    const int granule = bf16_readout(mode) ? 16 : 8;
+    const int granule = has_bf16_readout(mode) ? 16 : 8;
     while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % (2 * granule) == 0) s.rows /= 2;
     s.act_bytes = act_bytes;
     s.x_pitch = s.rows + 16 / act_bytes;
@@ -561,7 +551,7 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
                                            int m) {
   const int64_t row = int64_t(h) * p.P + row0;
   const SlotSections v = vs.view(stage);
-  constexpr bool kSeparate = has_read_copy(kMode);
+  constexpr bool kSeparate = is_separate(kMode);
   const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
   cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
   if (vs.scale_bytes)
@@ -661,7 +651,7 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
 // -v): the tensor-core path needs no C registers; at W = 1 one row of C is 8 registers.
 constexpr int verify_min_blocks(Mode mode, int kW) {
-  return bf16_readout(mode) && kW >= 4 ? 4 : kW == 1 ? 8 : 3;
+  return has_bf16_readout(mode) && kW >= 4 ? 4 : kW == 1 ? 8 : 3;
 }
 
 template <Mode kMode, typename ActT, int kW, int kEntries>
@@ -714,7 +704,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
          W, N, false, nullptr},
         {sm.C, static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N, int64_t(G) * N, W, N,
          false, sm.Cr}};
-    stage_segments<ActT, bf16_readout(kMode)>(seg, after, L, p.act_f16);
+    stage_segments<ActT, has_bf16_readout(kMode)>(seg, after, L, p.act_f16);
   }
   // The window's ring x and delta for this block's heads (raw copies: the ring holds the
   // activation dtype). Logical positions c.. are read by no block of this step.
@@ -785,7 +775,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   const RowMap rm(p.lanes_per_row, 1);
   // W > 1 in the 8/4-bit read modes: the readout runs on the tensor cores (B fragments in cb);
   // otherwise on FFMA with Cr_j in registers (cr).
-  constexpr bool kMma = bf16_readout(kMode) && kW >= 4;
+  constexpr bool kMma = has_bf16_readout(kMode) && kW >= 4;
   float cr[kMma ? 1 : kW][8];
   uint32_t cb[kMma ? kMaxK16 : 1][2];
   if constexpr (kMma) {
