@@ -31,7 +31,7 @@ struct SrContext {
   uint32_t flush_index;
   int bits;
   int rounds;
-  PhiloxKeys10 keys10{};  // philox_keys10(key) where rounds == 10 (the CUDA encoders use it)
+  PhiloxKeys10 keys10;  // philox_keys10(key): kept, not recomputed, by the 10-round draws
 };
 
 inline constexpr int kSrElementsPerDraw = 8;
@@ -40,9 +40,20 @@ RSSM_HD U32x2 philox_key(uint64_t seed, int layer) {
   return U32x2{{uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(layer)}};
 }
 
+RSSM_HD SrContext make_sr_context(U32x2 key, uint64_t request_id, uint32_t flush_index, int bits,
+                                  int rounds) {
+  return SrContext{key, request_id, flush_index, bits, rounds, philox_keys10(key)};
+}
+
 RSSM_HD U32x4 sr_counter(const SrContext& sr, uint64_t element) {
   return U32x4{{uint32_t(element / kSrElementsPerDraw), sr.flush_index, uint32_t(sr.request_id),
                 uint32_t(sr.request_id >> 32)}};
+}
+
+// The draw of the group of 8 elements that holds `element` (the same bits either way).
+RSSM_HD U32x4 sr_draw(const SrContext& sr, uint64_t element) {
+  return sr.rounds == 10 ? philox4x32_10(sr_counter(sr, element), sr.keys10)
+                         : philox4x32(sr_counter(sr, element), sr.key, sr.rounds);
 }
 
 // The random bits of element e from the draw of its group; i = e % 8. Bits above 16 are the
@@ -57,8 +68,7 @@ RSSM_HD int encode_f16_sr_row(const float* values /*[n]*/, int n, uint64_t first
   U32x4 draw{};
   for (int i = 0; i < n; ++i) {
     const uint64_t e = first_element + uint64_t(i);
-    if (i == 0 || e % kSrElementsPerDraw == 0)
-      draw = philox4x32(sr_counter(sr, e), sr.key, sr.rounds);
+    if (i == 0 || e % kSrElementsPerDraw == 0) draw = sr_draw(sr, e);
     bool sat = false;
     out[i] = f32_to_f16_sr(values[i], sr_random(draw, int(e % kSrElementsPerDraw)), sr.bits, &sat);
     saturated += sat ? 1 : 0;

@@ -166,8 +166,9 @@ void CpuBackend::fold(int slot, int count, float* out) const {
 void CpuBackend::write_checkpoint(int slot, const float* state) {
   const SlotCheckpoint ck = checkpoint(slot);
   const int N = shape_.dstate;
-  const SrContext sr{philox_key(config_.seed, config_.layer), cursors_[slot].request_id,
-                     cursors_[slot].flush_index, config_.sr_bits, config_.philox_rounds};
+  const SrContext sr =
+      make_sr_context(philox_key(config_.seed, config_.layer), cursors_[slot].request_id,
+                      cursors_[slot].flush_index, config_.sr_bits, config_.philox_rounds);
   uint64_t saturated = 0, nonfinite = 0;
 #pragma omp parallel for schedule(static) reduction(+ : saturated, nonfinite) \
     if (shape_.state_elements() >= kParallelWork)

@@ -25,12 +25,12 @@ void cpu_standard_decode(const SsmShape& shape, const LayerParams& params,
   // counter (request = slot, flush index = step, element = t * state_elems + element).
   auto store = [&](const float* S, void* dst, int slot, int h, int t) {
     for (int64_t i = 0; i < head_elems; ++i) {
-      if (sdt == DType::f16 && config.stochastic_rounding) continue;  // below, four at a time
+      if (sdt == DType::f16 && config.stochastic_rounding) continue;  // below, the whole head
       store_act(dst, sdt, i, S[i]);
     }
     if (sdt == DType::f16 && config.stochastic_rounding) {
-      const SrContext sr{philox_key(config.seed, config.layer), uint64_t(slot), config.step,
-                         config.sr_bits, config.philox_rounds};
+      const SrContext sr = make_sr_context(philox_key(config.seed, config.layer), uint64_t(slot),
+                                           config.step, config.sr_bits, config.philox_rounds);
       encode_f16_sr_row(S, int(head_elems), uint64_t(t) * state_elems + uint64_t(h) * head_elems,
                         sr, static_cast<uint16_t*>(dst));
     }

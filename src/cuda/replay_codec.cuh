@@ -183,9 +183,7 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
   const bool fast = sr.bits <= 12;
   float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
-  // e % 8 == 0: one draw; the default 10 rounds with the key schedule from the parameters.
-  const U32x4 draw = sr.rounds == 10 ? philox4x32_10(sr_counter(sr, e), sr.keys10)
-                                     : philox4x32(sr_counter(sr, e), sr.key, sr.rounds);
+  const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float x = v[k];

@@ -58,7 +58,7 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
     uint16_t v[8];
     if (sr) {
       // element % 8 == 0: the 8 values share one draw (checkpoint_codec.h's layout).
-      const SrContext sr{p.key, request, flush, p.sr_bits, p.philox_rounds};
+      const SrContext sr = make_sr_context(p.key, request, flush, p.sr_bits, p.philox_rounds);
       const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
