@@ -78,6 +78,15 @@ class BindingsTest(unittest.TestCase):
         ref = Layer(self.shape, slots=slots, **self.params)
         return cache, ref, rng
 
+    def twins(self, mode, requests, activation="fp32"):
+        """Two caches of the same layer with the same slots open: (a, b, slots, rng)."""
+        a, _, rng = self.make(mode, activation=activation)
+        b = self.make(mode, activation=activation)[0]
+        slots = np.array([a.allocate(r) for r in requests], dtype=np.int32)
+        for r in requests:
+            b.allocate(r)
+        return a, b, slots, rng
+
     def tokens(self, rng, batch, T):
         H, P, N, G = self.shape
         return (rng.normal(0, 1, (batch, T, H, P)).astype(np.float32),
@@ -124,10 +133,7 @@ class BindingsTest(unittest.TestCase):
     def test_decode_is_verify_of_one_and_commit(self):
         # [B, H, P] views (no token axis) through decode give verify(W = 1) + commit(1) bit for
         # bit, across flushes.
-        a, _, rng = self.make("separate-fp8", activation="bf16")
-        b = self.make("separate-fp8", activation="bf16")[0]
-        slots = np.array([a.allocate(3), a.allocate(4)], dtype=np.int32)
-        b.allocate(3), b.allocate(4)
+        a, b, slots, rng = self.twins("separate-fp8", [3, 4], activation="bf16")
         for _ in range(40):
             x, B, C, dt = self.tokens(rng, 2, 1)
             y = a.verify(slots, x, B, C, dt)
@@ -143,10 +149,7 @@ class BindingsTest(unittest.TestCase):
     def test_rejected_drafts_leave_the_slot_unchanged(self):
         # Two caches see the same accepted tokens and different rejected drafts: after every
         # commit their slots are identical, through flushes (c + 6 > 16 every few steps).
-        a, _, rng = self.make("separate-nvfp4")
-        b = self.make("separate-nvfp4")[0]
-        slot = np.array([a.allocate(3)], dtype=np.int32)
-        b.allocate(3)
+        a, b, slot, rng = self.twins("separate-nvfp4", [3])
         prompt = self.tokens(rng, 1, 4)
         a.prefill(slot, *prompt)
         b.prefill(slot, *prompt)
@@ -168,10 +171,7 @@ class BindingsTest(unittest.TestCase):
     def test_dlpack_arrays_are_used_in_place(self):
         # The same step through numpy and through DLPack views (y written into the caller's
         # array) gives the same bits; DLPack inputs must already be of the activation dtype.
-        a, _, rng = self.make("separate-fp8", activation="fp32")
-        b = self.make("separate-fp8", activation="fp32")[0]
-        slots = np.array([a.allocate(1), a.allocate(2)], dtype=np.int32)
-        b.allocate(1), b.allocate(2)
+        a, b, slots, rng = self.twins("separate-fp8", [1, 2])
         for _ in range(12):
             x, B, C, dt = self.tokens(rng, 2, 4)
             y = a.verify(slots, x, B, C, dt)
