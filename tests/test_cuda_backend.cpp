@@ -497,6 +497,83 @@ TEST(CudaBackend, ImportStateMatchesCpuOverEveryMagnitude) {
   }
 }
 
+// The tensor-core readout holds C in fp16 at a power-of-two scale per window column and block
+// (replay_kernels.cuh): C far outside fp16's range (2^-100 and 2^100, a different one per group,
+// and a different power of two per window token) must still read out as the CPU reference does.
+TEST(CudaBackend, TensorCoreReadoutHoldsAnyMagnitudeOfC) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{4, 16, 128, 2};
+  std::mt19937_64 rng(12);
+  LayerParams params = random_params(shape, rng);
+  // No D x term: every part of y then scales with C, and a lost readout cannot hide behind it.
+  std::fill(params.D.begin(), params.D.end(), 0.f);
+  const size_t per_token = size_t(shape.nheads) * shape.headdim;
+  for (Mode mode :
+       {Mode::shared_fp8, Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    for (int W : {1, 8}) {
+      CacheConfig cfg;
+      cfg.mode = mode;
+      cfg.num_slots = 2;
+      cfg.seed = 13;
+      ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+      ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+      std::vector<int32_t> slots{1};
+      DeviceBytes dslots(slots);
+      const TensorView host_slots = host_view(slots.data(), DType::i32, {1});
+      const TensorView dev_slots = dview(dslots.ptr, DType::i32, {1});
+      cpu.open(1, 5);
+      gpu.open(1, 5);
+      for (int step = 0; step < 3; ++step) {  // a prefilled checkpoint, then committed entries
+        const int T = step == 0 ? 4 : W;
+        Tokens tk = random_tokens(shape, cfg.activation_dtype, 1, T, rng);
+        if (step == 2) {
+          for (int t = 0; t < T; ++t)
+            for (int g = 0; g < shape.ngroups; ++g)
+              for (int n = 0; n < shape.dstate; ++n) {
+                const size_t i = (size_t(t) * shape.ngroups + g) * shape.dstate + n;
+                const float v = tk.Cf[i] * std::exp2(float(g == 0 ? -100 + 3 * t : 100 - 3 * t));
+                store_act(tk.C.data(), tk.act, int64_t(i), v);
+                tk.Cf[i] = load_act(tk.C.data(), tk.act, int64_t(i));
+              }
+        }
+        DeviceTokens dt(shape, tk);
+        std::vector<float> ycpu(size_t(T) * per_token, NAN);
+        const TensorView yv =
+            host_view(ycpu.data(), DType::f32, {1, T, shape.nheads, shape.headdim});
+        const DType act = cfg.activation_dtype;
+        if (step == 0) {
+          cpu.prefill(host_slots, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape),
+                      tk.view_dt(shape), yv);
+          gpu.prefill(dev_slots, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act),
+                      dt.vdt(shape), dt.vy(shape));
+          continue;
+        }
+        cpu.verify(host_slots, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape),
+                   tk.view_dt(shape), yv);
+        gpu.verify(dev_slots, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act),
+                   dt.vdt(shape), dt.vy(shape));
+        const auto ygpu = dt.y.download<float>(ycpu.size());
+        // The two groups' outputs differ by 2^200: compare each group's heads on their own.
+        const int heads_per_group = shape.nheads / shape.ngroups;
+        for (int g = 0; g < shape.ngroups; ++g) {
+          std::vector<float> a, b;
+          for (int t = 0; t < T; ++t)
+            for (int h = g * heads_per_group; h < (g + 1) * heads_per_group; ++h) {
+              const size_t at = t * per_token + size_t(h) * shape.headdim;
+              a.insert(a.end(), ygpu.begin() + at, ygpu.begin() + at + shape.headdim);
+              b.insert(b.end(), ycpu.begin() + at, ycpu.begin() + at + shape.headdim);
+            }
+          EXPECT_LT(rel_l2(a, b), y_tolerance(mode))
+              << mode_name(mode) << " W " << W << " step " << step << " group " << g;
+        }
+        std::vector<int32_t> accepted{W};
+        cpu.commit(host_slots, host_view(accepted.data(), DType::i32, {1}));
+        gpu.commit(host_slots, host_view(accepted.data(), DType::i32, {1}));
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   SKIP_WITHOUT_DEVICE();
   const SsmShape shape{4, 8, 64, 2};

@@ -125,7 +125,8 @@ class CudaBackend final : public CacheBackend {
     smem_verify_ = 0;
     for (int windows : {1, 4, 8})
       smem_verify_ =
-          std::max(smem_verify_, cuda::StepSmem::bytes(config.history, N, windows, group_heads) +
+          std::max(smem_verify_, cuda::StepSmem::bytes(config.history, N, windows, group_heads,
+                                                       has_bf16_readout(config.mode)) +
                                      cuda::verify_stages(windows) * verify_stage_bytes_);
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);

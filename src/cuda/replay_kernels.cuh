@@ -109,13 +109,14 @@ __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
 }
 
 // Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;
-// `windows` = W rounded up as the kernel is specialised (1, 4 or 8), `heads` = heads per block.
+// `windows` = W rounded up as the kernel is specialised (1, 4 or 8), `heads` = heads per block,
+// `mma`: the tensor-core readout of the 8/4-bit read modes (its B fragments).
 struct StepSmem {
   float* B;    // [L, N]         entries the readout sees: committed, then the window
   float* C;    // [windows, N]
   float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
   float* dot;  // [windows, L]   B_k . C_j (k <= c + j, else 0)
-  // Per head, for the tensor-core readout (verify_kernel, kMma):
+  // Per head, for the tensor-core readout at W > 1:
   float* delta;  // [L]            delta_k
   float* run;    // [L]            L_k = delta_0 + ... + delta_k
   float* w;      // [windows, L]   w_jk (+ D when k = i)
@@ -124,16 +125,18 @@ struct StepSmem {
   float* head_delta;  // [heads, L]  delta_k of each head
   float* head_w;      // [heads, L]  w_k (+ D when k = i)
   float* head_dec;    // [heads]     exp(A L_i)
+  // Tensor-core readout: B fragments of the window's C (build_c_fragments).
+  float* c_unscale;  // [8]           undoes C_j's fp16 scaling and the decoder's own factor
+  uint2* c_frag;     // [N / 16, 32]  k-step s, lane
 
   __host__ __device__ static size_t head_floats(int L, int windows, int heads) {
     return windows == 1 ? size_t(heads) * (2 * L + 1) : 0;
   }
-  __host__ __device__ static size_t bytes(int L, int N, int windows,
-                                          int heads) {  // 16-byte multiple
-    return (sizeof(float) * (size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L +
-                             head_floats(L, windows, heads)) +
-            15) /
-           16 * 16;
+  __host__ __device__ static size_t bytes(int L, int N, int windows, int heads, bool mma) {
+    const size_t floats = size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L +
+                          head_floats(L, windows, heads) + 8;
+    const size_t frag_offset = (sizeof(float) * floats + 15) / 16 * 16;
+    return frag_offset + (mma ? size_t(N) / 16 * 32 * sizeof(uint2) : 0);  // 16-byte multiple
   }
   __device__ static StepSmem carve(float* base, int L, int N, int windows, int heads) {
     StepSmem s;
@@ -148,6 +151,8 @@ struct StepSmem {
     s.head_delta = s.dec + windows;
     s.head_w = s.head_delta + heads * L;
     s.head_dec = s.head_w + heads * L;
+    s.c_unscale = s.dec + windows + head_floats(L, windows, heads);  // head_* only at W = 1
+    s.c_frag = reinterpret_cast<uint2*>(base + bytes(L, N, windows, heads, false) / sizeof(float));
     return s;
   }
 };
@@ -451,11 +456,13 @@ constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
 inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
 
 // Shared-memory staging of one unit: `rows` rows of one head's read checkpoint (codes, row
-// scales, nvfp4 block scales) and the x entries [L][rows] of those rows (row pitch padded by one
-// 16-byte vector against bank conflicts). Every part is a whole number of 16-byte vectors.
+// scales, nvfp4 block scales) and the x entries [L][rows] of those rows. The code rows of the
+// tensor-core readout and the x rows are padded by one 16-byte vector: the 8 rows an ldmatrix
+// (or 8 lanes) reads then start in different banks. Every part is a whole number of vectors.
 struct VerifyStage {
   int rows;         // rows per unit: P, or a divisor of P keeping the codes <= kVerifyUnitBytes
   int code_bytes;   // per row
+  int code_pitch;   // bytes from one staged code row to the next
   int scale_bytes;  // per row: 4 in the row-scaled modes, else 0
   int block_bytes;  // per row: N/16 for nvfp4, else 0
   int x_pitch;      // elements per x row
@@ -474,9 +481,10 @@ struct VerifyStage {
     // The tensor-core readout of the 8/4-bit modes works on 16-row tiles.
     const int granule = has_bf16_readout(mode) ? 16 : 8;
     while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % (2 * granule) == 0) s.rows /= 2;
+    s.code_pitch = s.code_bytes + (has_bf16_readout(mode) ? 16 : 0);
     s.act_bytes = act_bytes;
     s.x_pitch = s.rows + 16 / act_bytes;
-    s.bytes = size_t(s.rows) * (s.code_bytes + s.scale_bytes + s.block_bytes) +
+    s.bytes = size_t(s.rows) * (s.code_pitch + s.scale_bytes + s.block_bytes) +
               size_t(L) * s.x_pitch * act_bytes;
     return s;
   }
@@ -484,9 +492,9 @@ struct VerifyStage {
   __device__ SlotSections view(uint8_t* base) const {
     SlotSections v{};
     v.rec = v.read = base;
-    v.rec_scale = v.read_scale = reinterpret_cast<float*>(base + rows * code_bytes);
-    v.read_block_scale = base + rows * (code_bytes + scale_bytes);
-    v.ring_x = base + rows * (code_bytes + scale_bytes + block_bytes);
+    v.rec_scale = v.read_scale = reinterpret_cast<float*>(base + rows * code_pitch);
+    v.read_block_scale = base + rows * (code_pitch + scale_bytes);
+    v.ring_x = base + rows * (code_pitch + scale_bytes + block_bytes);
     return v;
   }
 };
@@ -527,10 +535,12 @@ __device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSe
   return 0.f;
 }
 
-// Which x vectors of a unit a thread copies (16 bytes each, per_k of them per entry).
+// Which 16-byte vectors of a unit a thread copies: per_k of them per row (a code row, or one
+// entry's x row). When per_k divides the block, thread t always copies vector t % per_k of rows
+// t / per_k, t / per_k + k_stride, ... and no division is needed.
 struct XCopy {
   int per_k;
-  bool tiled;  // per_k divides the block: vector q of entries k0, k0 + k_stride, ...
+  bool tiled;
   int q, k0, k_stride;
   __device__ static XCopy make(int per_k) {
     XCopy x;
@@ -541,38 +551,50 @@ struct XCopy {
     x.k_stride = kVerifyThreads / per_k;
     return x;
   }
+  template <typename F>  // f(row, vector) for this thread's vectors of rows 0..rows-1
+  __device__ __forceinline__ void for_each(int rows, F&& f) const {
+    if (tiled) {
+      for (int k = k0; k < rows; k += k_stride) f(k, q);
+    } else {
+      for (int i = threadIdx.x; i < rows * per_k; i += blockDim.x) {
+        const int k = i / per_k;
+        f(k, i - k * per_k);
+      }
+    }
+  }
 };
 
-// Issues the copies of one unit (rows row0.. of head h) into a stage and commits them as a group.
+// Issues the copies of one unit (rows row0.. of head h) into a stage and commits them as a group
+// (cc: the code rows' vectors, xc: the x rows').
 template <Mode kMode, typename ActT>
 __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& after, const VerifyStage& vs,
-                                           const XCopy& xc, uint8_t* stage, int b, int h, int row0,
-                                           int m) {
+                                           const XCopy& cc, const XCopy& xc, uint8_t* stage, int b,
+                                           int h, int row0, int m) {
   const int64_t row = int64_t(h) * p.P + row0;
   const SlotSections v = vs.view(stage);
   constexpr bool kSeparate = is_separate(kMode);
   const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
-  cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
+  if (vs.code_pitch == vs.code_bytes) {
+    cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
+  } else {
+    const uint8_t* src = codes + row * vs.code_bytes;
+    uint8_t* dst = static_cast<uint8_t*>(v.rec);
+    cc.for_each(vs.rows, [&](int r, int q) {
+      cp_async16(dst + r * vs.code_pitch + 16 * q, src + r * vs.code_bytes + 16 * q);
+    });
+  }
   if (vs.scale_bytes)
     cp_async_block(v.rec_scale, (kSeparate ? sec.read_scale : sec.rec_scale) + row,
                    vs.rows * vs.scale_bytes);
   if (vs.block_bytes)
     cp_async_block(v.read_block_scale, sec.read_block_scale + row * vs.block_bytes,
                    vs.rows * vs.block_bytes);
-  auto copy_x = [&](int k, int q) {
+  xc.for_each(m, [&](int k, int q) {
     cp_async16(static_cast<uint8_t*>(v.ring_x) + (int64_t(k) * vs.x_pitch * sizeof(ActT)) + 16 * q,
                reinterpret_cast<const uint8_t*>(entry_x_row<ActT>(p, sec, after, b, h, k) + row0) +
                    16 * q);
-  };
-  if (xc.tiled) {
-    for (int k = xc.k0; k < m; k += xc.k_stride) copy_x(k, xc.q);
-  } else {
-    for (int i = threadIdx.x; i < m * xc.per_k; i += blockDim.x) {
-      const int k = i / xc.per_k;
-      copy_x(k, i - k * xc.per_k);
-    }
-  }
+  });
   cp_async_commit();
 }
 
@@ -599,59 +621,166 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   }
 }
 
-// ---- tensor-core readout (W > 1 in the 8/4-bit read modes) ---------------------------------
-// R C for a 16-row tile and the 8 window columns with mma.sync m16n8k16 (bf16 in, fp32
-// accumulate): R's values are exact in bf16 (codes, or e2m1 x e4m3 block scale) and C is
-// already rounded to bf16 (SPEC 5), so the products are exact and only the fp32 summation order
-// differs from the FMA readout. A dot product is invariant under a permutation of K applied to
-// both operands: lane (g, t) feeds k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with the
-// columns 16s + 4t + {0, 1} and {2, 3}, i.e. 4 consecutive codes of rows g and g+8, and its B
-// fragment with C_g at the same 4 columns (in registers for the whole kernel).
+// ---- tensor-core readout (the 8/4-bit read modes, every window) ------------------------------
+// R C_j for a 16-row tile and the 8 window columns j with mma.sync m16n8k16 in fp16 with fp32
+// accumulation. fp16 holds every decoded value exactly: e4m3 and int8 codes as they are, and
+// nvfp4's e2m1 x e4m3 block scale at 2^-14 (multiples of 2^-24 below 0.17). C_j, rounded to bf16
+// (SPEC 5), goes in at a power-of-two scale 2^s_j that puts its largest magnitude in
+// [2^14, 2^15): fp16 then holds every element down to 2^-31 of the largest exactly (a bf16
+// value needs 8 significant bits above fp16's 2^-24 step); a smaller one is rounded by at most
+// 2^-39 of the largest, far below fp32's rounding of the sum. The products are exact and summed
+// in fp32, so only the summation order differs from the CPU reference's readout.
+// A dot product is invariant under a permutation of K applied to both operands, so each lane's
+// k-slots are mapped to the columns its ldmatrix delivers (kslot_col): lane (g, t) feeds
+// k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with 4 consecutive columns of rows g and g+8,
+// and its B fragment (the shared-memory c_frag) holds C_g at the same columns.
 inline constexpr int kMaxK16 = 256 / 16;  // k-steps at the largest dstate
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
+// First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t.
+// 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
+// nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them.
+template <Mode kMode>
+__device__ __forceinline__ int kslot_col(int s, int t, int half) {
+  if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + 4 * (s % 2) + 2 * half;
+  return 16 * s + 4 * t + 2 * half;
+}
+
+// Factor from the fp16 values of a mode's A fragments to code values (nvfp4's decoder gives
+// e2m1 x 2^-14).
+template <Mode kMode>
+constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1F16Unscale : 1.f;
+
+// B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
+// sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp 0; the caller
+// puts a barrier between this and the readout.
+template <Mode kMode>
+__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, g = lane / 4, t = lane % 4, steps = N / 16;
+  const float* c = sm.Cr + g * N;  // window column g (rows of Cr exist for g < W only)
+  float amax = 0.f;
+  if (g < W)
+    for (int s = 0; s < steps; ++s)
+      for (int half = 0; half < 2; ++half) {
+        const int col = kslot_col<kMode>(s, t, half);
+        amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + 1])));
+      }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // all N columns between them
+  // 2^shift puts amax in [2^14, 2^15); both powers of two stay normal fp32 numbers.
+  const int biased = int(__float_as_uint(amax) >> 23);  // amax >= 0, finite (validated inputs)
+  const int shift = min(max(141 - biased, -126), 126);
+  const float scale = __uint_as_float(uint32_t(127 + shift) << 23);
+  for (int s = 0; s < steps; ++s) {
+    uint2 frag = {0u, 0u};
+    if (g < W) {
+      const int c0 = kslot_col<kMode>(s, t, 0), c1 = kslot_col<kMode>(s, t, 1);
+      const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + 1] * scale);
+      const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + 1] * scale);
+      frag = {*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
+    }
+    sm.c_frag[s * 32 + lane] = frag;
+  }
+  if (t == 0) sm.c_unscale[g] = __uint_as_float(uint32_t(127 - shift) << 23) * kFragUnscale<kMode>;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&q)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+               : "r"(smem_addr));
+}
+
+// d += A B for one m16n8k16 step (A: 16 x 16 fp16 rows, B: 16 x 8 fp16 columns, d: fp32).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint2 b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
+}
+
+// Codes 2 and 3 (hi) or 0 and 1 of a register of four 8-bit codes as an fp16 pair.
+template <Mode kMode>
+__device__ __forceinline__ uint32_t code8x2_f16x2(uint32_t q, bool hi) {
+  const uint32_t two = hi ? q >> 16 : q & 0xffffu;
+  if constexpr (kMode == Mode::shared_int8) {
+    // 0x6400 | (code + 128) is the fp16 1024 + code + 128, exact; subtracting 1152 leaves code.
+    const uint32_t biased = __byte_perm(two ^ 0x8080u, 0x64646464u, 0x5140u);
+    const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&biased), __float2half2_rn(1152.f));
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+}
+
+// An e4m3 code's value (exact in fp16) in both halves of an fp16 pair.
+__device__ __forceinline__ __half2 e4m3_half2(uint8_t code) {
+  return __half2half2(__ushort_as_half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x));
+}
+
+// nvfp4: the two codes of byte `byte` of a register of 8 codes (column 2i in the low nibble of
+// byte i), given as its low nibbles `even` = q & 0x0f0f0f0f and high nibbles `odd`, times the
+// block scale (the same fp16 twice), at 2^-14 (e2m1x2_to_f16x2_scaled); exact in fp16.
+__device__ __forceinline__ uint32_t e2m1_byte_f16x2(uint32_t even, uint32_t odd, int byte,
+                                                    __half2 block_scale) {
+  // The even column's code to bits 0-3, the odd column's to bits 16-19.
+  const uint32_t h = e2m1x2_to_f16x2_scaled(__byte_perm(even, odd, byte | (4 + byte) << 8));
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), block_scale);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Values (without the row scale) of columns [col, col + 2) of row `row` of a staged unit.
+// d += R C for the 16-row tile at row r0 of a staged unit (codes: rows code_pitch bytes apart,
+// code_bytes of them used; nvfp4 block scales: block_bytes per row): lane (g, t) ends with rows
+// (r0 + g, r0 + g + 8) x window columns (2t, 2t + 1) in (d[0], d[1]), (d[2], d[3]).
 template <Mode kMode>
-__device__ __forceinline__ uint32_t code_pair(const SlotSections& v, int row, int col, int N) {
-  const int64_t e = int64_t(row) * N + col;
-  if constexpr (kMode == Mode::separate_nvfp4) {
-    const uint32_t byte = v.read[e / 2];  // element col in the low nibble
-    const float d = e4m3_to_f32(v.read_block_scale[e / 16]) * kE2m1F16Unscale;
-    const uint32_t h2 = e2m1x2_to_f16x2_scaled(byte | (byte << 12));  // col low, col + 1 high
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    return pack_bf16x2(f.x * d, f.y * d);
-  } else {
-    const uint8_t* codes =
-        kMode == Mode::separate_fp8 ? v.read : static_cast<const uint8_t*>(v.rec);
-    const uint16_t two = *reinterpret_cast<const uint16_t*>(codes + e);
-    if constexpr (kMode == Mode::shared_int8) {
-      return pack_bf16x2(float(int8_t(two & 0xffu)), float(int8_t(two >> 8)));
+__device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, int code_bytes,
+                                         const uint8_t* block_scales, int block_bytes, int r0,
+                                         const uint2* c_frag, float (&d)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // ldmatrix.x4 over 32 bytes of the 16 rows: matrix 0 rows 0-7 bytes 0-15, matrix 1 rows 8-15
+  // bytes 0-15, matrices 2 and 3 the same rows at bytes 16-31; lane l gives the address of row
+  // l % 8 of matrix l / 8 and receives 4 bytes (4t..4t+3) of row g of each matrix.
+  const uint32_t base = static_cast<uint32_t>(
+      __cvta_generic_to_shared(codes + (r0 + (lane & 7) + (lane & 8)) * code_pitch + (lane & 16)));
+  for (int c = 0; c < code_bytes / 32; ++c) {
+    uint32_t q[4];  // rows (g, g + 8) at bytes 32c + 4t.. (q0, q1) and 32c + 16 + 4t.. (q2, q3)
+    ldmatrix_x4(q, base + 32 * c);
+    if constexpr (kMode == Mode::separate_nvfp4) {
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {  // bytes 16 part + 4t.. = 2 k-steps: 64c + 32 part
+        const int block = 4 * c + 2 * part + t / 2;  // columns 64c + 32 part + 8t.. in one block
+        const __half2 s_lo = e4m3_half2(block_scales[(r0 + g) * block_bytes + block]);
+        const __half2 s_hi = e4m3_half2(block_scales[(r0 + g + 8) * block_bytes + block]);
+        const uint32_t lo = q[2 * part], hi = q[2 * part + 1];  // rows g, g + 8
+        const uint32_t lo_even = lo & 0x0f0f0f0fu, lo_odd = (lo >> 4) & 0x0f0f0f0fu;
+        const uint32_t hi_even = hi & 0x0f0f0f0fu, hi_odd = (hi >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          mma_f16_16816(d, e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk, s_lo),
+                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk, s_hi),
+                        e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk + 1, s_lo),
+                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk + 1, s_hi),
+                        c_frag[(4 * c + 2 * part + kk) * 32 + lane]);
+      }
     } else {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
-      return pack_bf16x2(f.x, f.y);
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {  // one k-step: columns 32c + 16 part..
+        const uint32_t lo = q[2 * part], hi = q[2 * part + 1];
+        mma_f16_16816(d, code8x2_f16x2<kMode>(lo, false), code8x2_f16x2<kMode>(hi, false),
+                      code8x2_f16x2<kMode>(lo, true), code8x2_f16x2<kMode>(hi, true),
+                      c_frag[(2 * c + part) * 32 + lane]);
+      }
     }
   }
 }
 
-// d += A B for one m16n8k16 step (A: 16 x 16 bf16 rows, B: 16 x 8 bf16 columns, d: fp32).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                               uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
-// -v): the tensor-core path needs no C registers; at W = 1 one row of C is 8 registers.
+// -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
+// for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; 64 registers spilled); the
+// FMA path at W = 1 holds one row of C in 8 registers.
 constexpr int verify_min_blocks(Mode mode, int kW) {
-  return has_bf16_readout(mode) && kW >= 4 ? 4 : kW == 1 ? 8 : 3;
+  return has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
 }
 
 template <Mode kMode, typename ActT, int kW, int kEntries>
@@ -670,22 +799,25 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   SlotCursors after = p.cursors[slot];
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
   const int c = after.committed, m = c + W;
+  // The 8/4-bit read modes read out on the tensor cores, the others on FFMA with Cr_j in
+  // registers.
+  constexpr bool kMma = has_bf16_readout(kMode);
 
   const StepSmem sm =
       StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW, p.heads_per_block);
   const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
   uint8_t* stages =
-      reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW, p.heads_per_block);
+      reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW, p.heads_per_block, kMma);
   const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
   // Unit u is rows row0.. of head h0 + hh; a head is one unit whenever its codes fit a stage
   // (every preset at 8 bits), and then no division is needed.
   auto unit_head = [&](int u) { return units_per_head == 1 ? u : u / units_per_head; };
   auto unit_row0 = [&](int u) { return units_per_head == 1 ? 0 : u % units_per_head * vs.rows; };
-  // The x vectors of a unit: 16 bytes each, per_k per entry. When per_k divides the block,
-  // thread t always copies vector t % per_k of entries t / per_k, t / per_k + stride, ...
-  const XCopy xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
+  // The 16-byte vectors of a unit's code rows and x rows.
+  const XCopy cc = XCopy::make(vs.code_bytes / 16),
+              xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
   auto issue = [&](int u) {
-    issue_unit<kMode, ActT>(p, sec, after, vs, xc, stages + (u % kStages) * vs.bytes, b,
+    issue_unit<kMode, ActT>(p, sec, after, vs, cc, xc, stages + (u % kStages) * vs.bytes, b,
                             h0 + unit_head(u), unit_row0(u), m);
   };
   for (int u = 0; u < kStages - 1; ++u) {
@@ -734,6 +866,14 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       }
     }
   }
+  if constexpr (kW == 1) {
+    // W = 1: the deltas of every head of the block, loaded with the staging above (the window's
+    // come from dt, not from the ring positions written there).
+    for (int t = threadIdx.x; t < p.heads_per_block * m; t += blockDim.x) {
+      const int hh = t / m, k = t - hh * m;
+      sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
+    }
+  }
   __syncthreads();
   {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -752,11 +892,6 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     __syncthreads();  // sm.dot
     const int hpb = p.heads_per_block;
     for (int t = threadIdx.x; t < hpb * m; t += blockDim.x) {
-      const int hh = t / m, k = t - hh * m;
-      sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < hpb * m; t += blockDim.x) {
       const int hh = t / m, k = t - hh * m, i = c;  // i: the token's logical position
       const float* dl = sm.head_delta + hh * L;
       float run = 0.f, Lk = 0.f, Li = 0.f;
@@ -772,24 +907,10 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       if (k == i) sm.head_dec[hh] = decay(A * Li);
     }
   }
+  if constexpr (kMma) build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
   const RowMap rm(p.lanes_per_row, 1);
-  // W > 1 in the 8/4-bit read modes: the readout runs on the tensor cores (B fragments in cb);
-  // otherwise on FFMA with Cr_j in registers (cr).
-  constexpr bool kMma = has_bf16_readout(kMode) && kW >= 4;
-  float cr[kMma ? 1 : kW][8];
-  uint32_t cb[kMma ? kMaxK16 : 1][2];
-  if constexpr (kMma) {
-    const int g = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
-#pragma unroll
-    for (int s = 0; s < kMaxK16; ++s) {
-      cb[s][0] = cb[s][1] = 0u;
-      if (s < N / 16 && g < W) {
-        const float* c = sm.Cr + g * N + 16 * s + 4 * tq;
-        cb[s][0] = pack_bf16x2(c[0], c[1]);
-        cb[s][1] = pack_bf16x2(c[2], c[3]);
-      }
-    }
-  } else {
+  float cr[kMma ? 1 : kW][8];  // the FMA readout's Cr_j (each thread works on 8 columns)
+  if constexpr (!kMma) {
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       if (j < W) {
@@ -822,7 +943,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     else
       cp_async_commit();
     const int h = h0 + unit_head(u), row0 = unit_row0(u);
-    if (kMma && row0 == 0) {
+    if (kMma && kW > 1 && row0 == 0) {
       // The head's weights in shared memory, read by every tile: w_jk (+ D at k = i), exp(A L_i).
       const float A = p.head.A[h], D = p.head.D[h];
       for (int k = threadIdx.x; k < m; k += blockDim.x)
@@ -844,7 +965,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       }
       for (int j = threadIdx.x; j < kW; j += blockDim.x)
         sm.dec[j] = j < W ? decay(A * sm.run[c + j]) : 0.f;
-    } else if (kW == 1 && row0 == 0) {
+    } else if (!kMma && kW == 1 && row0 == 0) {
       const int hh = h - h0;
 #pragma unroll
       for (int t = 0; t < kEntries; ++t) {
@@ -897,27 +1018,45 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     const ActT* xs = static_cast<const ActT*>(view.ring_x);
     if constexpr (kMma) {
       const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
+      const uint8_t* codes = static_cast<const uint8_t*>(view.rec);
       for (int tile = warp; tile < vs.rows / 16; tile += blockDim.x / 32) {
         const int r_lo = tile * 16 + g, r_hi = r_lo + 8;
         float d[4] = {0.f, 0.f, 0.f, 0.f};  // rows (r_lo, r_hi) x windows (2 tq, 2 tq + 1)
-#pragma unroll
-        for (int s = 0; s < kMaxK16; ++s) {
-          if (s < N / 16) {  // uniform over the warp
-            const int col = 16 * s + 4 * tq;
-            mma_bf16_16816(d, code_pair<kMode>(view, r_lo, col, N),
-                           code_pair<kMode>(view, r_hi, col, N),
-                           code_pair<kMode>(view, r_lo, col + 2, N),
-                           code_pair<kMode>(view, r_hi, col + 2, N), cb[s][0], cb[s][1]);
+        mma_tile<kMode>(codes, vs.code_pitch, vs.code_bytes, view.read_block_scale, vs.block_bytes,
+                        tile * 16, sm.c_frag, d);
+        if constexpr (kW == 1) {
+          // Only window column 0 (lanes tq = 0) is a result. The ring term of rows r_lo and r_hi
+          // is spread over the 4 lanes of the row pair: lane tq takes entries tq, tq + 4, ...
+          const int hh = h - h0;
+          const float* w = sm.head_w + hh * L;
+          float ring_lo = 0.f, ring_hi = 0.f;
+          for (int k = tq; k < m; k += 4) {
+            const float wk = w[k];
+            ring_lo += wk * act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
+            ring_hi += wk * act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
           }
-        }
+          ring_lo += __shfl_xor_sync(0xffffffffu, ring_lo, 1);
+          ring_hi += __shfl_xor_sync(0xffffffffu, ring_hi, 1);
+          ring_lo += __shfl_xor_sync(0xffffffffu, ring_lo, 2);
+          ring_hi += __shfl_xor_sync(0xffffffffu, ring_hi, 2);
+          if (tq == 0) {
+            const float dec = sm.head_dec[hh] * sm.c_unscale[0];
+            const int64_t out = (int64_t(b) * H + h) * P + row0;
+            store_scalar(p.y, p.y_dtype, out + r_lo,
+                         dec * (view.read_scale[r_lo] * d[0]) + ring_lo);
+            store_scalar(p.y, p.y_dtype, out + r_hi,
+                         dec * (view.read_scale[r_hi] * d[2]) + ring_hi);
+          }
+        } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int r = q < 2 ? r_lo : r_hi, j = 2 * tq + (q & 1);
-          if (j >= W) continue;
-          float acc = sm.dec[j] * (view.read_scale[r] * d[q]);
-          for (int k = 0; k < m; ++k)
-            acc += sm.w[j * L + k] * act_f32(xs[k * vs.x_pitch + r], p.act_f16);
-          store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc);
+          for (int q = 0; q < 4; ++q) {
+            const int r = q < 2 ? r_lo : r_hi, j = 2 * tq + (q & 1);
+            if (j >= W) continue;
+            float acc = sm.dec[j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
+            for (int k = 0; k < m; ++k)
+              acc += sm.w[j * L + k] * act_f32(xs[k * vs.x_pitch + r], p.act_f16);
+            store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc);
+          }
         }
       }
       continue;

@@ -59,8 +59,9 @@ void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
     }
   const int blocks = p.batch * p.H / p.heads_per_block;
   auto run = [&](auto kernel, int windows) {
-    const size_t smem = StepSmem::bytes(p.L, p.N, windows, p.heads_per_block) +
-                        verify_stages(windows) * lc.verify_stage_bytes;
+    const size_t smem =
+        StepSmem::bytes(p.L, p.N, windows, p.heads_per_block, has_bf16_readout(kMode)) +
+        verify_stages(windows) * lc.verify_stage_bytes;
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
@@ -105,11 +106,14 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max
     size_flush_grid(lc, flush_kernel<kMode, ActT>);
     auto verify_kernels = [&]<int kEntries>() {
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries>,
-                  StepSmem::bytes(L, N, 1, max_heads) + verify_stages(1) * lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 1, max_heads, has_bf16_readout(kMode)) +
+                      verify_stages(1) * lc.verify_stage_bytes);
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries>,
-                  StepSmem::bytes(L, N, 4, max_heads) + verify_stages(4) * lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 4, max_heads, has_bf16_readout(kMode)) +
+                      verify_stages(4) * lc.verify_stage_bytes);
       load_kernel(verify_kernel<kMode, ActT, 8, kEntries>,
-                  StepSmem::bytes(L, N, 8, max_heads) + verify_stages(8) * lc.verify_stage_bytes);
+                  StepSmem::bytes(L, N, 8, max_heads, has_bf16_readout(kMode)) +
+                      verify_stages(8) * lc.verify_stage_bytes);
     };
     if (lc.entries_per_lane == 1)
       verify_kernels.template operator()<1>();
