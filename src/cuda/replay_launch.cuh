@@ -46,14 +46,17 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
 }
 
 // One block per (entry, group, chunk of heads), specialised for the window rounded up to 1, 4 or
-// 8 (the readout keeps C_j of every j in registers) and for the ring entries per lane. A block
-// serves as many heads of its group as keeps >= 4 blocks per SM.
+// 8 and for the ring entries per lane. A block serves as many heads of its group as keeps >= 4
+// blocks per SM, >= 2 at W = 1: there the per-block work (staging, B_k . C_j, the weights) is a
+// large part of the time, and a group's 16 heads in one block took nemotron-h-8b at batch 64
+// from 67.7 to 61.1 us (separate-fp8; H200, bench/results/2026-11-30-h200-session6.md).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
   const int per_group = p.H / p.G;
+  const int min_blocks = (p.tokens == 1 ? 2 : 4) * lc.sm_count;
   p.heads_per_block = 1;
   for (int d = per_group; d > 1; --d)
-    if (per_group % d == 0 && int64_t(p.batch) * p.H / d >= 4 * lc.sm_count) {
+    if (per_group % d == 0 && int64_t(p.batch) * p.H / d >= min_blocks) {
       p.heads_per_block = d;
       break;
     }
