@@ -877,14 +877,14 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   __syncthreads();
   {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int pair = warp; pair < W * m; pair += warps) {
-      const int j = pair / m, k = pair - j * m;
-      float d = 0.f;
-      if (k <= c + j)
-        for (int n = lane; n < N; n += 32) d += sm.B[k * N + n] * sm.C[j * N + n];
-      d = row_sum(d, 32);
-      if (lane == 0) sm.dot[j * L + k] = d;
-    }
+    for (int j = 0; j < W; ++j)
+      for (int k = warp; k < m; k += warps) {
+        float d = 0.f;
+        if (k <= c + j)
+          for (int n = lane; n < N; n += 32) d += sm.B[k * N + n] * sm.C[j * N + n];
+        d = row_sum(d, 32);
+        if (lane == 0) sm.dot[j * L + k] = d;
+      }
   }
   if constexpr (kW == 1) {
     // The weights of every head of the block, once: per head and unit each lane would form the
@@ -1048,14 +1048,32 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
                          dec * (view.read_scale[r_hi] * d[2]) + ring_hi);
           }
         } else {
+          // Values q = (row r_lo, r_hi) x (window 2 tq, 2 tq + 1): each entry's x of the two rows
+          // and w of the two windows are read once for the four sums (entries in logical order).
+          const int j0 = 2 * tq;
+          if (j0 < kW) {  // else no window column here (the arrays hold kW of them)
+            float acc[4];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int r = q < 2 ? r_lo : r_hi, j = 2 * tq + (q & 1);
-            if (j >= W) continue;
-            float acc = sm.dec[j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
-            for (int k = 0; k < m; ++k)
-              acc += sm.w[j * L + k] * act_f32(xs[k * vs.x_pitch + r], p.act_f16);
-            store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc);
+            for (int q = 0; q < 4; ++q) {
+              const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
+              acc[q] = sm.dec[j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
+            }
+            const float* w0 = sm.w + j0 * L;
+            for (int k = 0; k < m; ++k) {
+              const float x_lo = act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
+              const float x_hi = act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
+              const float wa = w0[k], wb = w0[L + k];
+              acc[0] += wa * x_lo;
+              acc[1] += wb * x_lo;
+              acc[2] += wa * x_hi;
+              acc[3] += wb * x_hi;
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
+              if (j < W)
+                store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc[q]);
+            }
           }
         }
       }
