@@ -443,15 +443,18 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 // staged and the products B_k . C_j go to shared memory. The read checkpoint streams through
 // shared memory in (head, row chunk) units with cp.async, verify_stages(W) deep, so the bytes in
 // flight do not depend on registers (an 8-byte fp8 chunk per lane held in registers leaves the
-// memory system idle). Per head the weights stay in registers: lane l of a row owns the entries
-// k = l + t * N/8 (t < kEntries) and forms w_jk for them; the ring term then joins the checkpoint
-// term in the row's one reduction,
-//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p].
-// Cr_j is held in registers (each thread always works on the same 8 columns; reading it from
+// memory system idle). The weights w_jk are formed once per block at W = 1 (every head's) and
+// once per head at W > 1, in shared memory, except in the FMA readout at W > 1 (below).
+// The 8/4-bit read modes read R C_j out on the tensor cores (mma_tile, 16-row tiles) and add the
+// ring term per output. The 16/32-bit modes use the FMA readout: lane l of a row owns the
+// entries k = l + t * N/8 (t < kEntries), and the ring term joins the checkpoint term in the
+// row's one reduction,
+//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p],
+// with Cr_j in registers (each thread always works on the same 8 columns; reading it from
 // shared memory per row would move 32 bytes of shared memory per checkpoint byte at W = 8).
 inline constexpr int kVerifyThreads = 128;
 // Stages in flight: at W = 1 two (one unit copied while one is read) leave room for more blocks
-// per SM; the tensor-core path keeps three.
+// per SM (three measured slower: 67.7 -> 71.2 us, 2026-11-30); W > 1 keeps three.
 constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
 inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
 
