@@ -525,6 +525,42 @@ double max_abs(const std::vector<float>& v, int begin, int end) {
 // Bound: with y = |x| * 448 / amax, the e4m3 code is within half a step of y: 2^-4 * y for
 // normal codes (3 mantissa bits), 2^-10 for subnormal ones; back in x units that is multiplied
 // by amax / 448. A relative 1e-6 covers the fp32 roundings of inv, the product and the decode.
+// The fp16 window of the tensor-core readout (formats.h fp16_window_shift): for a largest
+// magnitude amax of every bf16 exponent, every finite bf16 value v with |v| <= amax is exact in
+// fp16 at the scale 2^s when |v| >= 2^-31 amax, and otherwise off by at most 2^-25 (scaled).
+TEST(Fp16Window, HoldsBf16ValuesExactlyDownTo2PowMinus31OfTheLargest) {
+  size_t exact = 0, rounded = 0;
+  for (int e = -133; e <= 127; ++e) {
+    for (uint32_t mant : {0x00u, 0x35u, 0x7fu}) {  // amax = (1 + mant / 128) * 2^e
+      const float amax = e >= -126 ? bits_f32((uint32_t(127 + e) << 23) | (mant << 16))
+                                   : std::ldexp(float(0x80 | mant) / 128.f, e);
+      if (amax == 0.f) continue;
+      const int s = fp16_window_shift(amax);
+      ASSERT_GE(s, -126);
+      ASSERT_LE(s, 126);
+      const float top = amax * pow2_f32(s);
+      ASSERT_LT(top, 32768.f) << "amax " << amax;
+      if (s < 126) ASSERT_GE(top, 16384.f) << "amax " << amax;  // else clamped: lower, still fits
+      for (uint32_t bits = 0; bits < 0x7f80u; ++bits) {  // every finite positive bf16 (and 0)
+        const float v = bf16_to_f32(uint16_t(bits));
+        if (v > amax) break;                             // the patterns are ordered by magnitude
+        const double scaled = std::ldexp(double(v), s);  // exact in double
+        const float h = f16_to_f32(f32_to_f16(v * pow2_f32(s)));  // as the kernel forms it
+        if (v >= std::ldexp(amax, -31)) {
+          ASSERT_EQ(double(h), scaled) << "amax " << amax << " v " << v;
+          ++exact;
+        } else {  // includes values whose fp32 product underflows
+          ASSERT_LE(std::fabs(double(h) - scaled), std::ldexp(1.0, -25))
+              << "amax " << amax << " v " << v;
+          ++rounded;
+        }
+      }
+    }
+  }
+  EXPECT_GT(exact, 1000000u);
+  EXPECT_GT(rounded, 100000u);  // the rounded branch was exercised
+}
+
 TEST(RowE4m3, RoundTripErrorWithinHalfStep) {
   Rng rng(21);
   double worst_ratio = 0;

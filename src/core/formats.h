@@ -327,6 +327,20 @@ RSSM_HD uint32_t e2m1x2_to_f16x2_scaled(uint32_t x) {
 }
 inline constexpr float kE2m1F16Unscale = 16384.0f;  // 2^14: fp16 value * this = e2m1 value
 
+// 2^e as an fp32 number, for -126 <= e <= 127 (normal numbers only).
+RSSM_HD float pow2_f32(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
+
+// The tensor-core readout (cuda/replay_kernels.cuh) holds the window's C, rounded to bf16, in
+// fp16 at the scale 2^s, s = fp16_window_shift(amax), that puts the largest magnitude amax in
+// [2^14, 2^15); s is clamped to [-126, 126] so that 2^s and 2^-s are normal fp32 numbers (a tiny
+// amax then lands lower, which only adds room). Every bf16 value v with |v| >= 2^-31 amax is
+// then exact in fp16 (its 8 significant bits stay at or above fp16's 2^-24 step), and a smaller
+// one is rounded by at most 2^-25 in scaled units, 2^-39 of the largest (test_formats.cpp).
+RSSM_HD int fp16_window_shift(float amax /* >= 0, finite */) {
+  const int s = 141 - static_cast<int>(f32_bits(amax) >> 23);
+  return s < -126 ? -126 : (s > 126 ? 126 : s);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Row-scaled codecs for one (head, headdim) row of n = dstate values.
 //

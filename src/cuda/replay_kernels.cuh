@@ -670,10 +670,8 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
       }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // all N columns between them
-  // 2^shift puts amax in [2^14, 2^15); both powers of two stay normal fp32 numbers.
-  const int biased = int(__float_as_uint(amax) >> 23);  // amax >= 0, finite (validated inputs)
-  const int shift = min(max(141 - biased, -126), 126);
-  const float scale = __uint_as_float(uint32_t(127 + shift) << 23);
+  const int shift = fp16_window_shift(amax);  // amax finite: the inputs were validated
+  const float scale = pow2_f32(shift);
   for (int s = 0; s < steps; ++s) {
     uint2 frag = {0u, 0u};
     if (g < W) {
@@ -684,7 +682,7 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
     }
     sm.c_frag[s * 32 + lane] = frag;
   }
-  if (t == 0) sm.c_unscale[g] = __uint_as_float(uint32_t(127 - shift) << 23) * kFragUnscale<kMode>;
+  if (t == 0) sm.c_unscale[g] = pow2_f32(-shift) * kFragUnscale<kMode>;
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&q)[4], uint32_t smem_addr) {
