@@ -637,7 +637,6 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // k-slots are mapped to the columns its ldmatrix delivers (kslot_col): lane (g, t) feeds
 // k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with 4 consecutive columns of rows g and g+8,
 // and its B fragment (the shared-memory c_frag) holds C_g at the same columns.
-inline constexpr int kMaxK16 = 256 / 16;  // k-steps at the largest dstate
 
 // First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t.
 // 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
@@ -778,7 +777,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
 
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
-// for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; 64 registers spilled); the
+// for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
+// registers, spilled 8 bytes); the
 // FMA path at W = 1 holds one row of C in 8 registers.
 constexpr int verify_min_blocks(Mode mode, int kW) {
   return has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
