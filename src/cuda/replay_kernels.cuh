@@ -778,8 +778,7 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
 // for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
-// registers, spilled 8 bytes); the
-// FMA path at W = 1 holds one row of C in 8 registers.
+// registers, spilled 8 bytes); the FMA path at W = 1 holds one row of C in 8 registers.
 constexpr int verify_min_blocks(Mode mode, int kW) {
   return has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
 }
