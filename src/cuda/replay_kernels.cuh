@@ -116,11 +116,10 @@ struct StepSmem {
   float* C;    // [windows, N]
   float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
   float* dot;  // [windows, L]   B_k . C_j (k <= c + j, else 0)
-  // Per head, for the tensor-core readout at W > 1:
-  float* delta;  // [L]            delta_k
-  float* run;    // [L]            L_k = delta_0 + ... + delta_k
-  float* w;      // [windows, L]   w_jk (+ D when k = i)
-  float* dec;    // [windows]      exp(A L_i)
+  // Per head, for the tensor-core readout at W > 1, two buffers (head parity): the next head's
+  // are formed while the current one's are read.
+  float* w;    // [2, windows, L]  w_jk (+ D when k = i)
+  float* dec;  // [2, windows]     exp(A L_i)
   // W = 1: the weights of every head of the block, formed once before the readout.
   float* head_delta;  // [heads, L]  delta_k of each head
   float* head_w;      // [heads, L]  w_k (+ D when k = i)
@@ -133,8 +132,8 @@ struct StepSmem {
     return windows == 1 ? size_t(heads) * (2 * L + 1) : 0;
   }
   __host__ __device__ static size_t bytes(int L, int N, int windows, int heads, bool mma) {
-    const size_t floats = size_t(L) * N + size_t(windows) * (2 * N + 2 * L + 1) + 2 * L +
-                          head_floats(L, windows, heads) + 8;
+    const size_t floats =
+        size_t(L) * N + size_t(windows) * (2 * N + 3 * L + 2) + head_floats(L, windows, heads) + 8;
     const size_t frag_offset = (sizeof(float) * floats + 15) / 16 * 16;
     return frag_offset + (mma ? size_t(N) / 16 * 32 * sizeof(uint2) : 0);  // 16-byte multiple
   }
@@ -144,14 +143,12 @@ struct StepSmem {
     s.C = s.B + L * N;
     s.Cr = s.C + windows * N;
     s.dot = s.Cr + windows * N;
-    s.delta = s.dot + windows * L;
-    s.run = s.delta + L;
-    s.w = s.run + L;
-    s.dec = s.w + windows * L;
-    s.head_delta = s.dec + windows;
+    s.w = s.dot + windows * L;
+    s.dec = s.w + 2 * windows * L;
+    s.head_delta = s.dec + 2 * windows;
     s.head_w = s.head_delta + heads * L;
     s.head_dec = s.head_w + heads * L;
-    s.c_unscale = s.dec + windows + head_floats(L, windows, heads);  // head_* only at W = 1
+    s.c_unscale = s.head_delta + head_floats(L, windows, heads);  // head_* only at W = 1
     s.c_frag = reinterpret_cast<uint2*>(base + bytes(L, N, windows, heads, false) / sizeof(float));
     return s;
   }
@@ -775,6 +772,35 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
   }
 }
 
+// The weights of head h for the tensor-core readout at W > 1, into buffer `buf` of sm.w and
+// sm.dec, with no block barrier: lane k holds delta_k (k < m <= 32), every warp forms the running
+// sums itself (sequential, the CPU reference's order, so L_k has the same bits in every warp) and
+// then the weights of its window columns (two per warp at kW = 8):
+//   w_jk = delta_k exp(A (L_i - L_k)) (B_k . C_j) (+ D when k = i),   dec_j = exp(A L_i),  i = c +
+//   j
+template <int kW>
+__device__ __forceinline__ void form_head_weights(const ReplayParams& p, const StepSmem& sm, int h,
+                                                  float delta_k, int c, int m, int buf) {
+  constexpr int kPerWarp = kW * 32 / kVerifyThreads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = p.tokens, L = p.L;
+  float run = 0.f, Lk = 0.f;
+  for (int q = 0; q < m; ++q) {
+    run += __shfl_sync(0xffffffffu, delta_k, q);
+    if (q == lane) Lk = run;
+  }
+  const float A = p.head.A[h], D = p.head.D[h];
+#pragma unroll
+  for (int jj = 0; jj < kPerWarp; ++jj) {
+    const int j = warp * kPerWarp + jj, i = c + j;  // i < m <= 32 whenever j < W
+    const float Li = __shfl_sync(0xffffffffu, Lk, min(i, 31));
+    float w = 0.f;
+    if (j < W && lane <= i) w = delta_k * decay(A * (Li - Lk)) * sm.dot[j * L + lane];
+    if (j < W && lane == i) w += D;
+    if (lane < m) sm.w[(buf * kW + j) * L + lane] = w;
+    if (lane == 0) sm.dec[buf * kW + j] = j < W ? decay(A * Li) : 0.f;
+  }
+}
+
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
 // for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
@@ -886,6 +912,17 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
         if (lane == 0) sm.dot[j * L + k] = d;
       }
   }
+  // Tensor-core path at W > 1: lane k of every warp holds delta_k of the next head whose weights
+  // are to be formed (loaded a head ahead); the first head's are formed here.
+  float delta_ahead = 0.f;
+  if constexpr (kMma && kW > 1) {
+    const int lane = threadIdx.x % 32;
+    const float delta_first = lane < m ? entry_delta(p, sec, after, b, h0, lane) : 0.f;
+    if (p.heads_per_block > 1 && lane < m)
+      delta_ahead = entry_delta(p, sec, after, b, h0 + 1, lane);
+    __syncthreads();  // sm.dot
+    form_head_weights<kW>(p, sm, h0, delta_first, c, m, 0);
+  }
   if constexpr (kW == 1) {
     // The weights of every head of the block, once: per head and unit each lane would form the
     // running sums of its entries itself, the same work in every row group of lanes.
@@ -932,10 +969,11 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
   float dec[kW];           // exp(A L_i)
   float dl_next[kEntries];
-  if constexpr (kW > 1)
+  if constexpr (!kMma && kW > 1) {
 #pragma unroll
     for (int t = 0; t < kEntries; ++t)
       dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
+  }
   for (int u = 0; u < units; ++u) {
     __syncthreads();  // the stage issued next was consumed in iteration u - 1 (and sm.dot is set)
     if (u + kStages - 1 < units)
@@ -943,28 +981,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
     else
       cp_async_commit();
     const int h = h0 + unit_head(u), row0 = unit_row0(u);
-    if (kMma && kW > 1 && row0 == 0) {
-      // The head's weights in shared memory, read by every tile: w_jk (+ D at k = i), exp(A L_i).
-      const float A = p.head.A[h], D = p.head.D[h];
-      for (int k = threadIdx.x; k < m; k += blockDim.x)
-        sm.delta[k] = entry_delta(p, sec, after, b, h, k);
-      __syncthreads();
-      for (int k = threadIdx.x; k < m; k += blockDim.x) {
-        float run = 0.f;  // sequential, the CPU reference's order
-        for (int q = 0; q <= k; ++q) run += sm.delta[q];
-        sm.run[k] = run;
-      }
-      __syncthreads();
-      for (int t = threadIdx.x; t < kW * m; t += blockDim.x) {
-        const int j = t / m, k = t - j * m, i = c + j;
-        float w = 0.f;
-        if (j < W && k <= i)
-          w = sm.delta[k] * decay(A * (sm.run[i] - sm.run[k])) * sm.dot[j * L + k];
-        if (j < W && k == i) w += D;
-        sm.w[j * L + k] = w;
-      }
-      for (int j = threadIdx.x; j < kW; j += blockDim.x)
-        sm.dec[j] = j < W ? decay(A * sm.run[c + j]) : 0.f;
+    if (kMma && kW > 1 && row0 == 0 && h + 1 < h0 + p.heads_per_block) {
+      // The next head's weights into the other buffer (its last reader, head h - 1, finished
+      // before the barrier above); this head's were formed one head ago.
+      const int lane = threadIdx.x % 32;
+      form_head_weights<kW>(p, sm, h + 1, delta_ahead, c, m, (h + 1 - h0) & 1);
+      if (h + 2 < h0 + p.heads_per_block && lane < m)
+        delta_ahead = entry_delta(p, sec, after, b, h + 2, lane);
     } else if (!kMma && kW == 1 && row0 == 0) {
       const int hh = h - h0;
 #pragma unroll
@@ -1050,15 +1073,15 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
         } else {
           // Values q = (row r_lo, r_hi) x (window 2 tq, 2 tq + 1): each entry's x of the two rows
           // and w of the two windows are read once for the four sums (entries in logical order).
-          const int j0 = 2 * tq;
+          const int j0 = 2 * tq, buf = (h - h0) & 1;  // this head's weights (form_head_weights)
           if (j0 < kW) {  // else no window column here (the arrays hold kW of them)
             float acc[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
               const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
-              acc[q] = sm.dec[j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
+              acc[q] = sm.dec[buf * kW + j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
             }
-            const float* w0 = sm.w + j0 * L;
+            const float* w0 = sm.w + (buf * kW + j0) * L;
             for (int k = 0; k < m; ++k) {
               const float x_lo = act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
               const float x_hi = act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
