@@ -705,10 +705,14 @@ struct SdCase {
   int T;
 };
 
-TEST(CudaStandardDecode, MatchesCpu) {
+// Shapes: the lanes of a row >= 4 (recursive halving), fewer (dstate 32 and 8), a headdim that
+// does not fill the last block, dstate 256 (16 or 32 lanes per row).
+class CudaStandardDecode : public ::testing::TestWithParam<SsmShape> {};
+
+TEST_P(CudaStandardDecode, MatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  const SsmShape shape{8, 16, 128, 2};
-  std::mt19937_64 rng(21);
+  const SsmShape shape = GetParam();
+  std::mt19937_64 rng(21 + shape.dstate + shape.headdim);
   const LayerParams params = random_params(shape, rng);
   const int S = 5, B = 4;
   for (SdCase c :
@@ -775,6 +779,15 @@ TEST(CudaStandardDecode, MatchesCpu) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaStandardDecode,
+                         ::testing::Values(SsmShape{8, 16, 128, 2}, SsmShape{4, 80, 32, 1},
+                                           SsmShape{2, 8, 256, 1}, SsmShape{4, 24, 8, 2}),
+                         [](const auto& info) {
+                           const SsmShape& s = info.param;
+                           return "H" + std::to_string(s.nheads) + "P" + std::to_string(s.headdim) +
+                                  "N" + std::to_string(s.dstate);
+                         });
 
 }  // namespace
 }  // namespace replayssm

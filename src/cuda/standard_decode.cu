@@ -19,15 +19,29 @@ void check_shape(const TensorView& v, const char* name, std::initializer_list<in
         v.describe(), ", expected ", want.size(), " dims matching the layer");
 }
 
+// 32 bytes of state per lane and row (8 fp32 or 16 16-bit values), 16 bytes when a 16-bit row is
+// no multiple of 16 values.
 template <typename StateT, typename ActT>
 void launch(StandardDecodeParams p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kRows = 4;
-  p.rows_per_block = (kThreads / p.lanes_per_row) * kRows;
-  p.blocks_per_head = (p.headdim + p.rows_per_block - 1) / p.rows_per_block;
-  const int blocks = p.batch * p.nheads * p.blocks_per_head;
-  if (blocks == 0) return;
-  cuda::standard_decode_kernel<StateT, ActT, kRows><<<blocks, kThreads, 0, stream>>>(p);
-  RSSM_CUDA_CHECK(cudaGetLastError());
+  constexpr int kRows = 4, kThreads = 128, kWide = 32 / sizeof(StateT);
+  auto run = [&]<int kElems>() {
+    p.lanes_per_row = p.dstate / kElems;
+    p.rows_per_block = (kThreads / p.lanes_per_row) * kRows;
+    p.blocks_per_head = (p.headdim + p.rows_per_block - 1) / p.rows_per_block;
+    const int blocks = p.batch * p.nheads * p.blocks_per_head;
+    if (blocks == 0) return;
+    if (p.tokens == 1)
+      cuda::standard_decode_kernel<StateT, ActT, kElems, kRows, true>
+          <<<blocks, kThreads, 0, stream>>>(p);
+    else
+      cuda::standard_decode_kernel<StateT, ActT, kElems, kRows, false>
+          <<<blocks, kThreads, 0, stream>>>(p);
+    RSSM_CUDA_CHECK(cudaGetLastError());
+  };
+  if (p.dstate % kWide == 0)
+    run.template operator()<kWide>();
+  else
+    run.template operator()<8>();
 }
 
 template <typename StateT>
@@ -103,7 +117,6 @@ void cuda_standard_decode(const SsmShape& shape, const LayerParams& params,
   p.headdim = P;
   p.dstate = N;
   p.ngroups = G;
-  p.lanes_per_row = N / 8;
   p.stochastic_rounding = config.stochastic_rounding;
   p.sr_bits = config.sr_bits;
   p.philox_rounds = config.philox_rounds;

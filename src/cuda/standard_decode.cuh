@@ -10,8 +10,13 @@
 // (element + t * H*P*N, step, slot), as the CPU reference; the recurrence itself stays in fp32
 // registers.
 //
-// Mapping: a row (h, p) of N elements is held by N/8 consecutive lanes, 8 elements (16 or 32
-// bytes) each; a thread keeps kRows rows in registers so that all its loads are in flight at once.
+// Mapping: a row (h, p) of N elements is held by N / kElems consecutive lanes, kElems elements
+// (32 bytes of state: 8 fp32 or 16 bf16 / fp16 values; 8 when a 16-bit row is no multiple of
+// 16) each; a thread keeps kRows rows in
+// registers so that all its loads are in flight at once. Every block then moves the same bytes
+// whatever the state dtype (16 KiB at 128 threads): with 16 bytes per lane a bf16 state ran at
+// ~62% of the copy bandwidth, the fp32 state at ~90% (fixed per-block costs over half the bytes).
+// At T > 1 the next token's inputs are loaded before the current token's states are written.
 #pragma once
 
 #include "cache/checkpoint_codec.h"
@@ -31,7 +36,7 @@ struct StandardDecodeParams {
   void* intermediate;    // [B, T, H, P, N] state dtype, or nullptr when T == 1
   DType y_dtype;
   int batch, tokens, nheads, headdim, dstate, ngroups;
-  int lanes_per_row;    // N / 8
+  int lanes_per_row;    // N / kElems
   int rows_per_block;   // (threads / lanes_per_row) * kRows
   int blocks_per_head;  // ceil(P / rows_per_block)
   bool stochastic_rounding;
@@ -74,8 +79,73 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
   }
 }
 
-template <typename StateT, typename ActT, int kRows>
+// The inputs of one token that every lane needs: B and C (its kElems columns), x (its rows), dt.
+template <typename ActT, int kElems, int kRows>
+struct TokenInputs {
+  uint4 B[kElems * sizeof(ActT) / 16], C[kElems * sizeof(ActT) / 16];  // raw, converted on use
+  ActT x[kRows];
+  float dt;
+
+  __device__ __forceinline__ void load(const StandardDecodeParams& p, int64_t bt, int h, int g,
+                                       int n0, const int (&rows)[kRows],
+                                       const bool (&valid)[kRows]) {
+    const uint4* b = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
+                                                    (bt * p.ngroups + g) * p.dstate + n0);
+    const uint4* c = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) +
+                                                    (bt * p.ngroups + g) * p.dstate + n0);
+#pragma unroll
+    for (int i = 0; i < int(kElems * sizeof(ActT) / 16); ++i) B[i] = b[i], C[i] = c[i];
+    const ActT* xs = static_cast<const ActT*>(p.x) + (bt * p.nheads + h) * p.headdim;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) x[r] = valid[r] ? xs[rows[r]] : ActT(0.f);
+    dt = p.dt[bt * p.nheads + h];
+  }
+};
+
+// kElems values from raw 16-byte words of T.
+template <typename T, int kElems>
+__device__ __forceinline__ void unpack(const uint4* raw, float (&out)[kElems]) {
+#pragma unroll
+  for (int i = 0; i < kElems / 8; ++i) {
+    float v[8];
+    load8(reinterpret_cast<const T*>(raw) + 8 * i, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[8 * i + k] = v[k];
+  }
+}
+
+// y of the thread's kRows rows from its partial dot products acc (one per row) over the `lanes`
+// lanes of each row. Four or more lanes per row: recursive halving (lanes - 1 shuffles for all
+// kRows sums), one lane per row stores; fewer (small dstate): every row by itself, lane 0 stores.
+template <int kRows>
+__device__ __forceinline__ void store_row_outputs(const StandardDecodeParams& p,
+                                                  float (&acc)[kRows], int lane_in_row, int lanes,
+                                                  int64_t y_row0, const int (&rows)[kRows],
+                                                  const bool (&valid)[kRows],
+                                                  const float (&dx_out)[kRows]) {
+  if (lanes >= kRows) {
+    const float total = row_sum_values<kRows>(acc, lane_in_row, lanes);
+    const int mine = lane_in_row / (lanes / kRows);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
+      if (r == mine && lane_in_row % (lanes / kRows) == 0 && valid[r])
+        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + dx_out[r]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float total = row_sum(acc[r], lanes);
+      if (lane_in_row == 0 && valid[r])
+        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + dx_out[r]);
+    }
+  }
+}
+
+// kOneToken: T == 1 known at compile time, so nothing lives across tokens (bf16 state, 16 values
+// per lane and row: 124 registers instead of 168, 4 resident blocks per SM instead of 3).
+template <typename StateT, typename ActT, int kElems, int kRows, bool kOneToken>
 __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDecodeParams p) {
+  constexpr int kChunks = kElems * sizeof(StateT) / 16;  // 16-byte words of state per lane and row
+  static_assert(kElems % 8 == 0 && (kChunks == 1 || kChunks == 2), "16 or 32 bytes per lane");
   const int blk = blockIdx.x;
   const int b = blk / (p.nheads * p.blocks_per_head);
   const int h = (blk / p.blocks_per_head) % p.nheads;
@@ -85,10 +155,9 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
   const int g = h / (p.nheads / p.ngroups);
   const int lanes = p.lanes_per_row;
   const int lane_in_row = threadIdx.x % lanes;
-  static_assert(kRows == 4, "one reduced row per lane group of four");
   const int rows_per_pass = blockDim.x / lanes;
-  const int n0 = lane_in_row * 8;
-  const int P = p.headdim, N = p.dstate, H = p.nheads, G = p.ngroups, T = p.tokens;
+  const int n0 = lane_in_row * kElems;
+  const int P = p.headdim, N = p.dstate, H = p.nheads, T = kOneToken ? 1 : p.tokens;
 
   int rows[kRows];
   bool valid[kRows];
@@ -99,56 +168,72 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
   }
 
   StateT* state = static_cast<StateT*>(p.state) + (int64_t(slot) * H + h) * P * N;
-  float s[kRows][8];
+  float s[kRows][kElems];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (valid[r]) {
-      load8(state + int64_t(rows[r]) * N + n0, s[r]);
+      const uint4* src = reinterpret_cast<const uint4*>(state + int64_t(rows[r]) * N + n0);
+      uint4 raw[kChunks];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) raw[i] = src[i];
+      unpack<StateT, kElems>(raw, s[r]);
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) s[r][i] = 0.f;
+      for (int i = 0; i < kElems; ++i) s[r][i] = 0.f;
     }
   }
 
   const float A = p.head.A[h], D = p.head.D[h];
+  TokenInputs<ActT, kElems, kRows> in;
+  in.load(p, int64_t(b) * T, h, g, n0, rows, valid);
   for (int t = 0; t < T; ++t) {
     const int64_t bt = int64_t(b) * T + t;
-    const float delta =
-        process_dt(p.dt[bt * H + h], p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+    const TokenInputs<ActT, kElems, kRows> cur = in;
+    if (!kOneToken && t + 1 < T) in.load(p, bt + 1, h, g, n0, rows, valid);  // during this token
+    const float delta = process_dt(cur.dt, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
     const float a = expf(delta * A);
-    float Bv[8], Cv[8];
-    load8(static_cast<const ActT*>(p.B) + (bt * G + g) * N + n0, Bv);
-    load8(static_cast<const ActT*>(p.C) + (bt * G + g) * N + n0, Cv);
-    const ActT* x = static_cast<const ActT*>(p.x) + (bt * H + h) * P;
-    float xv[kRows], acc[kRows];
+    float dx[kRows], dx_out[kRows], acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      xv[r] = valid[r] ? to_f32(x[rows[r]]) : 0.f;
-      const float dx = delta * xv[r];
+      const float xv = to_f32(cur.x[r]);
+      dx[r] = delta * xv;
+      dx_out[r] = D * xv;
       acc[r] = 0.f;
+    }
+    // Eight columns at a time, so only 16 input values are live next to the state.
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        s[r][i] = a * s[r][i] + dx * Bv[i];
-        acc[r] += s[r][i] * Cv[i];
+    for (int c = 0; c < kElems / 8; ++c) {
+      float Bv[8], Cv[8];
+      load8(reinterpret_cast<const ActT*>(cur.B) + 8 * c, Bv);
+      load8(reinterpret_cast<const ActT*>(cur.C) + 8 * c, Cv);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          float& v = s[r][8 * c + i];
+          v = a * v + dx[r] * Bv[i];
+          acc[r] += v * Cv[i];
+        }
       }
     }
-    // Row sums of the kRows accumulators by recursive halving: lane group r / (lanes / kRows)
-    // ends with row r's total.
-    const float total = row_sum_values<kRows>(acc, lane_in_row, lanes);
-    const int mine = lane_in_row / (lanes / kRows);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
-      if (r == mine && lane_in_row % (lanes / kRows) == 0 && valid[r])
-        store_scalar(p.y, p.y_dtype, (bt * H + h) * P + rows[r], total + D * xv[r]);
+    store_row_outputs<kRows>(p, acc, lane_in_row, lanes, (bt * H + h) * P, rows, valid, dx_out);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (valid[r]) {
-        // SR counter of the CPU reference: element = t * H*P*N + (h*P + p)*N + n, flush = step.
-        const uint64_t element = uint64_t(t) * H * P * N + (uint64_t(h) * P + rows[r]) * N + n0;
         StateT* dst = (T == 1) ? state + int64_t(rows[r]) * N + n0
                                : static_cast<StateT*>(p.intermediate) +
                                      ((bt * H + h) * P + rows[r]) * int64_t(N) + n0;
-        store_state8<StateT>(dst, s[r], p.stochastic_rounding, p, element, uint64_t(slot), p.step);
+#pragma unroll
+        for (int i = 0; i < kElems / 8; ++i) {
+          // SR counter of the CPU reference: element = t * H*P*N + (h*P + p)*N + n, flush = step.
+          const uint64_t element =
+              uint64_t(t) * H * P * N + (uint64_t(h) * P + rows[r]) * N + n0 + 8 * i;
+          float v[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[k] = s[r][8 * i + k];
+          store_state8<StateT>(dst + 8 * i, v, p.stochastic_rounding, p, element, uint64_t(slot),
+                               p.step);
+        }
       }
     }
   }
