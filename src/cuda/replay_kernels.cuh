@@ -411,6 +411,9 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
+  // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
+  // that clears the count; the grid then exits without its same-address atomics.
+  if (items == 0) return;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int b = p.flush_list[item / p.H];
     if (slot_ok(p, b))
