@@ -304,71 +304,82 @@ void check_against_cpu(Context& cx, Mode mode, int W) {
         backend_name(cx.backend), " differs from the CPU reference: y rel L2 ", worst);
 }
 
-void print_rows(const BenchArgs& a, const Context& cx, const std::vector<Row>& rows) {
-  auto speedup = [](double base, double us) { return base > 0 ? base / us : 0.0; };
-  if (a.format == "json") {
-    nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows)
-      out.push_back({{"name", r.name},
-                     {"batch", r.batch},
-                     {"window", r.window},
-                     {"us_per_step", r.us},
-                     {"us_per_token", r.us / r.tokens},
-                     {"tokens_per_step", r.tokens},
-                     {"modelled_bytes_per_step", r.bytes},
-                     {"gb_per_s", r.bytes / r.us * 1e-3},
-                     {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
-                     {"speedup_vs_standard_fp32", speedup(r.fp32_us, r.us)},
-                     {"speedup_vs_standard_bf16", speedup(r.bf16_us, r.us)}});
-    fmt::print(
-        "{}\n",
-        nlohmann::json{
-            {"backend", backend_name(cx.backend)},
-            {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
-            {"history", a.history},
-            {"accept_mean", a.accept_mean},
-            {"accept_rate", cx.accept_rate},
-            {"copy_gb_per_s", cx.copy_gbs},
-            {"cold_cache", a.cold_cache},
-            {"rows", out}}
-            .dump(2));
-    return;
-  }
+double speedup(double base_us, double us) { return base_us > 0 ? base_us / us : 0.0; }
+
+// md and csv go out row by row, flushed: a long run shows its progress, and a run stopped by a
+// time limit keeps every row it measured. json is one document at the end (print_json); its rows
+// are reported on stderr as they are measured.
+void print_header(const BenchArgs& a, const Context& cx) {
+  if (a.format == "json") return;
   if (a.format == "csv") {
     fmt::print(
         "name,batch,window,us_per_step,us_per_token,modelled_bytes_per_step,gb_per_s,"
         "fraction_of_copy_bandwidth,speedup_vs_fp32,speedup_vs_bf16\n");
-    for (const Row& r : rows)
-      fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.4f},{:.3f},{:.3f}\n", r.name, r.batch,
-                 r.window, r.us, r.us / r.tokens, r.bytes, r.bytes / r.us * 1e-3,
-                 r.bytes / r.us * 1e-3 / cx.copy_gbs, speedup(r.fp32_us, r.us),
-                 speedup(r.bf16_us, r.us));
-    return;
+  } else {
+    std::string accepted_by_window;
+    for (int W : a.windows)
+      if (W > 1)
+        accepted_by_window += fmt::format(
+            "{} {:.2f} at W = {}", accepted_by_window.empty() ? "" : ",", cx.mean_accepted(W), W);
+    fmt::print(
+        "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, per-draft acceptance {:.3f} "
+        "(mean accepted{}), median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
+        backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
+        cx.shape.ngroups, a.history, cx.accept_rate, accepted_by_window, a.repeats,
+        a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
+    fmt::print(
+        "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std "
+        "fp32 "
+        "| vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
-  std::string accepted_by_window;
-  for (int W : a.windows)
-    if (W > 1)
-      accepted_by_window += fmt::format(
-          "{} {:.2f} at W = {}", accepted_by_window.empty() ? "" : ",", cx.mean_accepted(W), W);
-  fmt::print(
-      "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, per-draft acceptance {:.3f} "
-      "(mean accepted{}), median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
-      backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
-      cx.shape.ngroups, a.history, cx.accept_rate, accepted_by_window, a.repeats,
-      a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
-  fmt::print(
-      "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std fp32 "
-      "| "
-      "vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  for (const Row& r : rows) {
+  std::fflush(stdout);
+}
+
+void print_row(const BenchArgs& a, const Context& cx, const Row& r) {
+  const double gbs = r.bytes / r.us * 1e-3;
+  if (a.format == "json") {
+    fmt::print(stderr, "[bench] {}, batch {}, W {}: {:.1f} us/step\n", r.name, r.batch, r.window,
+               r.us);
+  } else if (a.format == "csv") {
+    fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.4f},{:.3f},{:.3f}\n", r.name, r.batch,
+               r.window, r.us, r.us / r.tokens, r.bytes, gbs, gbs / cx.copy_gbs,
+               speedup(r.fp32_us, r.us), speedup(r.bf16_us, r.us));
+  } else {
     auto ratio = [&](double base) {
       return base > 0 ? fmt::format("{:.2f}x", base / r.us) : std::string("-");
     };
-    const double gbs = r.bytes / r.us * 1e-3;
     fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} | {:.0f}% | {} | {} |\n", r.name,
                r.batch, r.window, r.us, r.us / r.tokens, r.bytes / 1e6, gbs,
                100.0 * gbs / cx.copy_gbs, ratio(r.fp32_us), ratio(r.bf16_us));
   }
+  std::fflush(a.format == "json" ? stderr : stdout);
+}
+
+void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows)
+    out.push_back({{"name", r.name},
+                   {"batch", r.batch},
+                   {"window", r.window},
+                   {"us_per_step", r.us},
+                   {"us_per_token", r.us / r.tokens},
+                   {"tokens_per_step", r.tokens},
+                   {"modelled_bytes_per_step", r.bytes},
+                   {"gb_per_s", r.bytes / r.us * 1e-3},
+                   {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
+                   {"speedup_vs_standard_fp32", speedup(r.fp32_us, r.us)},
+                   {"speedup_vs_standard_bf16", speedup(r.bf16_us, r.us)}});
+  fmt::print("{}\n",
+             nlohmann::json{
+                 {"backend", backend_name(cx.backend)},
+                 {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
+                 {"history", a.history},
+                 {"accept_mean", a.accept_mean},
+                 {"accept_rate", cx.accept_rate},
+                 {"copy_gb_per_s", cx.copy_gbs},
+                 {"cold_cache", a.cold_cache},
+                 {"rows", out}}
+                 .dump(2));
 }
 
 void run_bench(const BenchArgs& a) {
@@ -400,23 +411,28 @@ void run_bench(const BenchArgs& a) {
   if (a.check)
     for (Mode m : modes)
       for (int W : a.windows) check_against_cpu(cx, m, W);
+  for (int batch : a.batches) check(batch >= 1, "--batches: ", batch, " must be positive");
+  print_header(a, cx);
   std::vector<Row> rows;
+  auto add = [&](const Row& r) {
+    rows.push_back(r);
+    print_row(a, cx, r);
+  };
   for (int batch : a.batches) {
-    check(batch >= 1, "--batches: ", batch, " must be positive");
     for (int W : a.windows) {
       const Row f32 = bench_standard(cx, batch, DType::f32, W);
       const Row b16 = bench_standard(cx, batch, DType::bf16, W);
-      rows.push_back(f32);
-      rows.push_back(b16);
+      add(f32);
+      add(b16);
       for (Mode m : modes) {
         Row r = bench_replay(cx, batch, m, W);
         r.fp32_us = f32.us;
         r.bf16_us = b16.us;
-        rows.push_back(r);
+        add(r);
       }
     }
   }
-  print_rows(a, cx, rows);
+  if (a.format == "json") print_json(a, cx, rows);
 }
 
 // One configuration of `bench --e2e`: a synthetic run (src/model/synthetic.h) of the whole model.
