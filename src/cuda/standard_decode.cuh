@@ -11,12 +11,12 @@
 // registers.
 //
 // Mapping: a row (h, p) of N elements is held by N / kElems consecutive lanes, kElems elements
-// (32 bytes of state: 8 fp32 or 16 bf16 / fp16 values; 8 when a 16-bit row is no multiple of
-// 16) each; a thread keeps kRows rows in
-// registers so that all its loads are in flight at once. Every block then moves the same bytes
-// whatever the state dtype (16 KiB at 128 threads): with 16 bytes per lane a bf16 state ran at
-// ~62% of the copy bandwidth, the fp32 state at ~90% (fixed per-block costs over half the bytes).
-// At T > 1 the next token's inputs are loaded before the current token's states are written.
+// each: 32 bytes of state, i.e. 8 fp32 or 16 bf16 / fp16 values (8 when a 16-bit row is no
+// multiple of 16). A thread keeps kRows rows in registers so that all its loads are in flight at
+// once, and a 128-thread block moves 16 KiB whatever the state dtype. With 16 bytes per lane the
+// bf16 kernel ran at 61-63% of the copy bandwidth on the H200 and the fp32 one at 88-92%; now
+// 90-94% and 94-96% (bench/results/2026-11-30-h200-session7.md). At T > 1 the next token's inputs
+// are loaded before the current token's states are written.
 #pragma once
 
 #include "cache/checkpoint_codec.h"
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
       dx_out[r] = D * xv;
       acc[r] = 0.f;
     }
-    // Eight columns at a time, so only 16 input values are live next to the state.
+    // Eight columns at a time: B and C are converted from their raw words as they are used.
 #pragma unroll
     for (int c = 0; c < kElems / 8; ++c) {
       float Bv[8], Cv[8];
