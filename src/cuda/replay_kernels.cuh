@@ -778,9 +778,8 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
 // The weights of head h for the tensor-core readout at W > 1, into buffer `buf` of sm.w and
 // sm.dec, with no block barrier: lane k holds delta_k (k < m <= 32), every warp forms the running
 // sums itself (sequential, the CPU reference's order, so L_k has the same bits in every warp) and
-// then the weights of its window columns (two per warp at kW = 8):
-//   w_jk = delta_k exp(A (L_i - L_k)) (B_k . C_j) (+ D when k = i),   dec_j = exp(A L_i),  i = c +
-//   j
+// then the weights of its window columns (two per warp at kW = 8), with i = c + j:
+//   w_jk = delta_k exp(A (L_i - L_k)) (B_k . C_j) (+ D when k = i),   dec_j = exp(A L_i)
 template <int kW>
 __device__ __forceinline__ void form_head_weights(const ReplayParams& p, const StepSmem& sm, int h,
                                                   float delta_k, int c, int m, int buf) {
