@@ -304,7 +304,7 @@ void check_against_cpu(Context& cx, Mode mode, int W) {
         backend_name(cx.backend), " differs from the CPU reference: y rel L2 ", worst);
 }
 
-double speedup(double base_us, double us) { return base_us > 0 ? base_us / us : 0.0; }
+double speedup_over(double base_us, double us) { return base_us > 0 ? base_us / us : 0.0; }
 
 // md and csv go out row by row, flushed: a long run shows its progress, and a run stopped by a
 // time limit keeps every row it measured. json is one document at the end (print_json); its rows
@@ -343,7 +343,7 @@ void print_row(const BenchArgs& a, const Context& cx, const Row& r) {
   } else if (a.format == "csv") {
     fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.4f},{:.3f},{:.3f}\n", r.name, r.batch,
                r.window, r.us, r.us / r.tokens, r.bytes, gbs, gbs / cx.copy_gbs,
-               speedup(r.fp32_us, r.us), speedup(r.bf16_us, r.us));
+               speedup_over(r.fp32_us, r.us), speedup_over(r.bf16_us, r.us));
   } else {
     auto ratio = [&](double base) {
       return base > 0 ? fmt::format("{:.2f}x", base / r.us) : std::string("-");
@@ -367,8 +367,8 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                    {"modelled_bytes_per_step", r.bytes},
                    {"gb_per_s", r.bytes / r.us * 1e-3},
                    {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
-                   {"speedup_vs_standard_fp32", speedup(r.fp32_us, r.us)},
-                   {"speedup_vs_standard_bf16", speedup(r.bf16_us, r.us)}});
+                   {"speedup_vs_standard_fp32", speedup_over(r.fp32_us, r.us)},
+                   {"speedup_vs_standard_bf16", speedup_over(r.bf16_us, r.us)}});
   fmt::print("{}\n",
              nlohmann::json{
                  {"backend", backend_name(cx.backend)},

@@ -114,28 +114,29 @@ __device__ __forceinline__ void unpack(const uint4* raw, float (&out)[kElems]) {
   }
 }
 
-// y of the thread's kRows rows from its partial dot products acc (one per row) over the `lanes`
-// lanes of each row. Four or more lanes per row: recursive halving (lanes - 1 shuffles for all
-// kRows sums), one lane per row stores; fewer (small dstate): every row by itself, lane 0 stores.
+// y of the thread's kRows rows: skip (D x) plus the sum of the partial dot products acc (one per
+// row) over the `lanes` lanes of each row. Four or more lanes per row: recursive halving
+// (lanes - 1 shuffles for all kRows sums), one lane per row stores; fewer (small dstate): every
+// row by itself, lane 0 stores.
 template <int kRows>
 __device__ __forceinline__ void store_row_outputs(const StandardDecodeParams& p,
                                                   float (&acc)[kRows], int lane_in_row, int lanes,
                                                   int64_t y_row0, const int (&rows)[kRows],
                                                   const bool (&valid)[kRows],
-                                                  const float (&dx_out)[kRows]) {
+                                                  const float (&skip)[kRows]) {
   if (lanes >= kRows) {
     const float total = row_sum_values<kRows>(acc, lane_in_row, lanes);
     const int mine = lane_in_row / (lanes / kRows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
       if (r == mine && lane_in_row % (lanes / kRows) == 0 && valid[r])
-        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + dx_out[r]);
+        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + skip[r]);
   } else {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float total = row_sum(acc[r], lanes);
       if (lane_in_row == 0 && valid[r])
-        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + dx_out[r]);
+        store_scalar(p.y, p.y_dtype, y_row0 + rows[r], total + skip[r]);
     }
   }
 }
@@ -192,12 +193,12 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
     if (!kOneToken && t + 1 < T) in.load(p, bt + 1, h, g, n0, rows, valid);  // during this token
     const float delta = process_dt(cur.dt, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
     const float a = expf(delta * A);
-    float dx[kRows], dx_out[kRows], acc[kRows];
+    float dx[kRows], skip[kRows], acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float xv = to_f32(cur.x[r]);
       dx[r] = delta * xv;
-      dx_out[r] = D * xv;
+      skip[r] = D * xv;
       acc[r] = 0.f;
     }
     // Eight columns at a time: B and C are converted from their raw words as they are used.
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
         }
       }
     }
-    store_row_outputs<kRows>(p, acc, lane_in_row, lanes, (bt * H + h) * P, rows, valid, dx_out);
+    store_row_outputs<kRows>(p, acc, lane_in_row, lanes, (bt * H + h) * P, rows, valid, skip);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (valid[r]) {
