@@ -615,6 +615,30 @@ TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   const SlotImage after = gpu.impl().read_slot(1);
   EXPECT_EQ(after.cursors.pending, 0);
   EXPECT_TRUE(before.bytes == after.bytes);
+  // NaN input at a step that must flush first (a full ring): refused before the fold, so the
+  // checkpoint and the ring keep their bytes. W = 1 at batch 1 is one launch whose verify kernel
+  // folds small batches itself; W = 2 runs validate_tokens, flush_kernel and verify_kernel.
+  for (int t = 0; t < cfg.history; ++t) {
+    Tokens tok = random_tokens(shape, act, 1, 1, rng);
+    DeviceTokens dtok(shape, tok);
+    gpu.decode(dview(done.ptr, DType::i32, {1}), dtok.vx(shape, act), dtok.vB(shape, act),
+               dtok.vC(shape, act), dtok.vdt(shape), dtok.vy(shape));
+  }
+  const SlotImage full = gpu.impl().read_slot(1);
+  ASSERT_EQ(full.cursors.committed, cfg.history);
+  Tokens bad1 = random_tokens(shape, act, 1, 1, rng);
+  store_act(bad1.C.data(), act, 3, NAN);
+  DeviceTokens dbad1(shape, bad1);
+  for (DeviceTokens* d : {&dbad1, &dbad}) {
+    gpu.verify(dview(done.ptr, DType::i32, {1}), d->vx(shape, act), d->vB(shape, act),
+               d->vC(shape, act), d->vdt(shape), d->vy(shape));
+    EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error);
+    const SlotImage refused = gpu.impl().read_slot(1);
+    EXPECT_EQ(refused.cursors.committed, cfg.history);
+    EXPECT_EQ(refused.cursors.pending, 0);
+    EXPECT_TRUE(full.bytes == refused.bytes);
+  }
+  EXPECT_EQ(gpu.stats().flushes, 0u);
 }
 
 // One step captured once in a CUDA graph and replayed with new inputs, against the CPU's verify +

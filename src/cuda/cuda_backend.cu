@@ -149,13 +149,12 @@ class CudaBackend final : public CacheBackend {
     // The slot kernels, shared by the modes.
     cuda::load_kernel(cuda::commit_kernel);
     cuda::load_kernel(cuda::validate_slots_kernel);
+    cuda::load_kernel(cuda::flush_finalize_kernel);
     cuda::load_kernel(cuda::prefill_finalize_kernel);
     cuda::load_kernel(cuda::set_cursors_kernel);
     cuda::load_kernel(cuda::fork_cursors_kernel);
-    cuda::with_act(lc, [&]<typename ActT>() {
-      cuda::load_kernel(cuda::validate_tokens_kernel<ActT>);
-      cuda::load_kernel(cuda::verify_finalize_kernel<ActT>);
-    });
+    cuda::with_act(lc,
+                   [&]<typename ActT>() { cuda::load_kernel(cuda::validate_tokens_kernel<ActT>); });
   }
 
   ~CudaBackend() override {
@@ -227,7 +226,7 @@ class CudaBackend final : public CacheBackend {
   void verify(const TokenBatch& batch) override { launch_verify(batch, false); }
 
   // The verify kernel's last block of each entry commits the token as it advances the cursors:
-  // three launches per step instead of four (validate, flush, verify; no commit kernel).
+  // three launches per step (validate, flush, verify; no commit kernel), one at small batches.
   void decode(const TokenBatch& batch) override {
     check(batch.tokens == 1, "cuda backend: decode takes one token, got ", batch.tokens);
     launch_verify(batch, true);
@@ -238,13 +237,16 @@ class CudaBackend final : public CacheBackend {
           batch.tokens, " outside 1..max_window (", config_.max_window, ")");
     if (batch.batch == 0) return;
     ReplayParams p = token_params(batch);
-    p.list_flushes = true;
     p.commit_window = commit_window;
+    p.list_flushes = true;
+    p.heads_per_block = cuda::verify_heads_per_block(p.batch, p.H, p.G, p.tokens, sm_count_);
+    const bool one_launch = cuda::verify_in_one_launch(p);
     const cuda::LaunchConfig lc = launch_config();
-    cuda::with_act(lc, [&]<typename ActT>() {
-      cuda::validate_tokens_kernel<ActT>
-          <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
-    });
+    if (!one_launch)
+      cuda::with_act(lc, [&]<typename ActT>() {
+        cuda::validate_tokens_kernel<ActT>
+            <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
+      });
     cuda::with_mode(config_.mode, [&]<Mode kMode>() {
       // Small batches are a chain of short kernels whose launch latency shows: flush and verify
       // are launched dependent on the kernel before them (cuda_common.cuh). Measured on the
@@ -252,7 +254,7 @@ class CudaBackend final : public CacheBackend {
       // (the configuration measured there).
       cuda::LaunchConfig chained = lc;
       chained.dependent = p.batch < kDependentLaunchMaxBatch;
-      cuda::ModeLaunchers<kMode>::flush(p, chained);
+      if (!one_launch) cuda::ModeLaunchers<kMode>::flush(p, chained);
       cuda::ModeLaunchers<kMode>::verify(p, chained);  // ends with the ring B append, cursors
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -275,14 +277,11 @@ class CudaBackend final : public CacheBackend {
     p.slots = device_ints(slots, batch, staged_slots_);
     p.batch = batch;
     p.tokens = 0;
-    p.force_flush = true;
     p.status = status_.get();
     cuda::validate_slots_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config_.mode, [&]<Mode kMode>() { cuda::ModeLaunchers<kMode>::flush(p, lc); });
-    cuda::with_act(lc, [&]<typename ActT>() {
-      cuda::verify_finalize_kernel<ActT><<<p.batch, 256, 0, stream_>>>(p);
-    });
+    cuda::flush_finalize_kernel<<<(batch + 127) / 128, 128, 0, stream_>>>(p);
     RSSM_CUDA_CHECK(cudaGetLastError());
   }
 

@@ -11,7 +11,10 @@
 //                          + sum_{k <= i} delta_k exp(A (L_i - L_k)) (B_k . C_j) x_k[p] + D x_j[p]
 //                    the window's ring x, delta and B, and (the last block of each entry) the
 //                    cursors
-// An explicit flush runs validate_slots, flush and verify_finalize (cursors).
+// Decode steps (W = 1) of small batches whose verify blocks hold one head each run as one launch
+// of verify (kOneLaunch): each block validates its entry and folds its own head where the entry
+// flushes.
+// An explicit flush runs validate_slots (lists the slots to fold), flush and flush_finalize.
 // In the 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16 (BF16
 // readout rule); products are exact in fp32 and summed in fp32.
 #pragma once
@@ -73,7 +76,6 @@ struct ReplayParams {
   const float* dt;  // [B, T, H]
   void* y;          // [B, T, H, P] y_dtype
   DType y_dtype;
-  bool force_flush;    // explicit flush: fold whatever is committed
   bool list_flushes;   // verify: validate_tokens lists the entries that flush
   bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
   bool act_f16;        // 16-bit activations are fp16 (else bf16)
@@ -83,8 +85,7 @@ struct ReplayParams {
   PhiloxKeys10 keys10;  // philox_keys10(key)
   int sr_bits, philox_rounds;
   HeadParams head;
-  int32_t*
-      flush_list;  // [B] batch entries that flush in this step (listed by the validate kernels)
+  int32_t* flush_list;   // [B] batch entries that flush (listed by the validate kernels)
   int32_t* flush_count;  // 0 before the validate kernel (flush_kernel's last block clears it)
   int32_t* flush_done;   // flush_kernel blocks finished so far (0 between launches)
   int32_t* arrivals;     // [B] verify blocks of each entry done so far (0 between verifies)
@@ -106,6 +107,62 @@ __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
   const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
   const int4 a = st[0], c = st[1];
   return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
+}
+
+// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones).
+template <typename ActT>
+__device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (sizeof(ActT) == 4) {
+      bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+      const uint32_t m = f16 ? 0x7c00u : 0x7f80u;
+      bad |= (w[i] & m) == m || ((w[i] >> 16) & m) == m;
+    }
+  }
+  return bad;
+}
+
+// Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
+// NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise.
+template <typename ActT>
+__device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
+                                                    int64_t stride) {
+  const int T = p.tokens;
+  const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
+  const int64_t ux = nx * int64_t(sizeof(ActT)) / 16, ub = nb * int64_t(sizeof(ActT)) / 16;
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
+  const uint4* Bm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
+  const uint4* Cm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
+  const float* dt = p.dt + b * nd;
+  const int64_t total = ux + 2 * ub;
+  bool bad = false;
+#pragma unroll 8  // several of a thread's loads in flight together
+  for (int64_t u = first; u < total; u += stride) {
+    const uint4 v = u < ux ? x[u] : (u < ux + ub ? Bm[u - ux] : Cm[u - ux - ub]);
+    bad |= nonfinite16<ActT>(v, p.act_f16);
+  }
+  for (int64_t i = first; i < nd; i += stride) bad |= !isfinite(dt[i]);
+  return bad;
+}
+
+// The checks of validate_tokens_kernel made by a verify block for its own entry (one-launch
+// step): open, nothing pending, finite inputs. Every block of the entry reaches the same answer;
+// the one with `report` raises the error. Uniform over the block.
+template <typename ActT>
+__device__ bool entry_valid(const ReplayParams& p, int b, int slot, bool report) {
+  const SlotCursors cur = p.cursors[slot];
+  if (!cur.live || cur.pending != 0) {
+    if (report && threadIdx.x == 0)
+      raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
+    return false;
+  }
+  const bool bad = __syncthreads_or(entry_has_nonfinite<ActT>(p, b, threadIdx.x, blockDim.x));
+  if (bad && report && threadIdx.x == 0) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+  return !bad;
 }
 
 // Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;
@@ -349,7 +406,8 @@ __device__ __forceinline__ void load_group(const SlotSections& sec, const RowMap
 // S = fold(decode(rec), committed entries 0..c-1) in fp32, encoded into every checkpoint of the
 // mode. A streaming pass over the recurrence checkpoint of each flushing slot, one (slot, head)
 // item per block at a time, its next row group's loads in flight while the current one is folded
-// and encoded. The verify kernel that follows reads the new read checkpoint like any other.
+// and encoded. The verify kernel that follows reads the new read checkpoint like any other; a
+// one-launch verify (small batches) runs flush_head for its block's heads itself.
 inline constexpr int kFlushThreads = 128;
 // Rows per thread and pass in the flush, and the blocks per SM its registers aim at. The separate
 // modes (two encoders, the SR's Philox) fit 2 rows in 80 registers without spills, so 6 blocks
@@ -361,15 +419,15 @@ inline constexpr int kFlushThreads = 128;
 constexpr int flush_rows(Mode mode) { return uses_stochastic_rounding(mode) ? 2 : kStepRows; }
 constexpr int flush_min_blocks(Mode mode) { return uses_stochastic_rounding(mode) ? 6 : 5; }
 
-template <Mode kMode, typename ActT>
+template <Mode kMode, typename ActT, int kRows = flush_rows(kMode)>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
   const int slot = p.slots[b];
   const SlotCursors cur = p.cursors[slot];
   const int N = p.N, P = p.P;
   const SlotSections sec = slot_sections(p.geo, slot);
-  const RowMap rm(p.lanes_per_row, flush_rows(kMode));
-  RawChunk raw[flush_rows(kMode)];
-  int prow[flush_rows(kMode)];
+  const RowMap rm(p.lanes_per_row, kRows);
+  RawChunk raw[kRows];
+  int prow[kRows];
   load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, h / (p.H / p.G), f);
@@ -377,11 +435,11 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;
   for (int base = 0; base < P; base += rm.rows_per_group) {
-    float v[flush_rows(kMode)][8];
-    int row[flush_rows(kMode)];
-    int clamped[flush_rows(kMode)];
+    float v[kRows][8];
+    int row[kRows];
+    int clamped[kRows];
 #pragma unroll
-    for (int r = 0; r < flush_rows(kMode); ++r) {
+    for (int r = 0; r < kRows; ++r) {
       decode_raw8<kMode>(raw[r], true, v[r]);
       row[r] = prow[r];
       clamped[r] = min(row[r], P - 1);
@@ -390,7 +448,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
     fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
 #pragma unroll
-    for (int r = 0; r < flush_rows(kMode); ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const int pr = clamped[r];
       const int bad = sanitize8(v[r]);
       float rv[8];
@@ -433,7 +491,7 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 
 // ---- verify ------------------------------------------------------------------------------------
 // One block per (batch entry, group, chunk of heads_per_block heads of the group), for every slot
-// (a flushing slot's checkpoint was rewritten by flush_kernel; its window starts at logical 0):
+// (a flushing slot's block first folds its heads, flush_head; its window starts at logical 0):
 //
 //   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p] + D x_i[p]
 //   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j),         i = c + j,  L_k = delta_0 + ... +
@@ -453,6 +511,7 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 // with Cr_j in registers (each thread always works on the same 8 columns; reading it from
 // shared memory per row would move 32 bytes of shared memory per checkpoint byte at W = 8).
 inline constexpr int kVerifyThreads = 128;
+static_assert(kVerifyThreads == kFlushThreads, "verify_kernel runs flush_head");
 // Stages in flight: at W = 1 two (one unit copied while one is read) leave room for more blocks
 // per SM (three measured slower: 67.7 -> 71.2 us, 2026-11-30); W > 1 keeps three.
 constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
@@ -601,20 +660,50 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
+// The window's B of groups g0 .. g0 + groups - 1 into the ring at logical positions c.. of
+// `after` (the cursors after any flush of this step), in 16-byte vectors.
+template <typename ActT>
+__device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
+                                                const SlotSections& sec, const SlotCursors& after,
+                                                int g0, int groups) {
+  const int W = p.tokens, per_row = groups * p.N * int(sizeof(ActT)) / 16;
+  for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+    const int j = u / per_row, i = u - j * per_row;
+    const int phys = ring_index(after, after.committed + j, p.L);
+    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g0) * p.N)[i] =
+        reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
+                                       ((int64_t(b) * W + j) * p.G + g0) * p.N)[i];
+  }
+}
+
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
 // counter) advances the slot's cursors, so no block of the entry can still read the old ones
-// and no separate finalize launch is needed. Uniform over the block.
+// and no separate finalize launch is needed. In one launch, where the entry flushed (its blocks
+// folded their heads in this kernel), that whole block also appends the window's B of every
+// group: the window's ring positions may be those of committed entries (c + W wraps past the
+// ring's end), whose B the other blocks of the group fold until they finish. Uniform over the
+// block.
+template <typename ActT, bool kOneLaunch>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
                                               int blocks_per_entry) {
   __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
-  if (threadIdx.x != 0) return;
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&p.arrivals[b], 1) == blocks_per_entry - 1;
+  }
+  if constexpr (kOneLaunch) {
+    if (!__syncthreads_or(last)) return;
+  } else if (!last) {
+    return;
+  }
   __threadfence();
-  if (atomicAdd(&p.arrivals[b], 1) != blocks_per_entry - 1) return;
-  __threadfence();
-  p.arrivals[b] = 0;  // ready for the next verify
   SlotCursors cur = p.cursors[slot];
   const bool flush = verify_needs_flush(cur, p.tokens, p.L);
   if (flush) apply_flush(cur, p.L);
+  if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
+  if (threadIdx.x != 0) return;
+  p.arrivals[b] = 0;  // ready for the next verify
   apply_verify(cur, p.tokens);
   if (p.commit_window) apply_commit(cur, p.tokens);
   p.cursors[slot] = cur;
@@ -807,14 +896,32 @@ __device__ __forceinline__ void form_head_weights(const ReplayParams& p, const S
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
 // for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
 // registers, spilled 8 bytes); the FMA path at W = 1 holds one row of C in 8 registers.
-constexpr int verify_min_blocks(Mode mode, int kW) {
-  return has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
+// A one-launch verify (small batches, occupancy no concern) aims at 4 at most, so the fold in it
+// has registers to spare.
+constexpr int verify_min_blocks(Mode mode, int kW, bool one_launch = false) {
+  const int blocks = has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
+  return one_launch && blocks > 4 ? 4 : blocks;
 }
 
-template <Mode kMode, typename ActT, int kW, int kEntries>
-__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
+// The flush of a one-launch verify block's heads, 2 rows per thread and pass (the separate
+// modes' flush_kernel fits them in 80 registers).
+template <Mode kMode, typename ActT>
+__device__ __forceinline__ void verify_flush_heads(const ReplayParams& p, int b, int h0,
+                                                   float* smem) {
+  for (int hh = 0; hh < p.heads_per_block; ++hh) {
+    flush_head<kMode, ActT, 2>(p, b, h0 + hh, smem);
+    __syncthreads();  // the next head's fold, or the verify's staging, overwrites shared memory
+  }
+}
+
+// kOneLaunch: the whole step in this one kernel, for small batches whose blocks hold one head
+// each (launch latency dominates there): each block checks its entry as validate_tokens would
+// and folds its own heads where the entry must flush. Otherwise validate_tokens and flush_kernel
+// ran before it.
+template <Mode kMode, typename ActT, int kW, int kEntries, bool kOneLaunch>
+__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kOneLaunch))
     verify_kernel(const ReplayParams p) {
-  wait_for_previous_grid();  // launched dependent on flush_kernel at small batches
+  wait_for_previous_grid();  // launched dependent on the kernel before it at small batches
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
@@ -822,10 +929,21 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
   const int b = blockIdx.x / (G * chunks), g = blockIdx.x / chunks % G;
   const int h0 = g * (H / G) + blockIdx.x % chunks * p.heads_per_block;
   const int slot = p.slots[b];
-  if (slot < 0 || !slot_ok(p, b)) return;  // padding or invalid: uniform over the block
+  if (slot < 0) return;  // padding
+  bool folded = false;   // one launch: this kernel flushed the entry (then ring B: finish_verify)
+  if constexpr (kOneLaunch) {
+    if (!entry_valid<ActT>(p, b, slot, blockIdx.x % (G * chunks) == 0)) return;  // uniform
+    // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
+    // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
+    // other block. Nothing else is live across the fold, which has the registers to itself.
+    folded = verify_needs_flush(p.cursors[slot], W, L);  // then c > 0, since W <= L / 2
+    if (folded) verify_flush_heads<kMode, ActT>(p, b, h0, reinterpret_cast<float*>(smem_raw));
+  } else if (!slot_ok(p, b)) {
+    return;  // invalid: uniform over the block
+  }
   const SlotSections sec = slot_sections(p.geo, slot);
   SlotCursors after = p.cursors[slot];
-  if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel has folded them
+  if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
   const int c = after.committed, m = c + W;
   // The 8/4-bit read modes read out on the tensor cores, the others on FFMA with Cr_j in
   // registers.
@@ -882,17 +1000,10 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
       const int h = h0 + u / W, j = u % W;
       sec.ring_delta[ring_index(after, c + j, L) * H + h] = entry_delta(p, sec, after, b, h, c + j);
     }
-    // Ring B of the group, by the group's first block. The other blocks of the group stage only
+    // Ring B of the group, by the group's first block: the other blocks of the group stage only
     // committed entries (logical < c), and flush_kernel has folded what these positions held.
-    if (blockIdx.x % chunks == 0) {
-      const int per_row = N / kVec;
-      for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
-        const int j = u / per_row, i = u % per_row, phys = ring_index(after, c + j, L);
-        reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B) + (int64_t(phys) * G + g) * N)[i] =
-            reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
-                                           ((int64_t(b) * W + j) * G + g) * N)[i];
-      }
-    }
+    // After a fold in this kernel, by the entry's last block (finish_verify).
+    if (!folded && blockIdx.x % chunks == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
   if constexpr (kW == 1) {
     // W = 1: the deltas of every head of the block, loaded with the staging above (the window's
@@ -1137,7 +1248,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW))
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
   }
-  finish_verify(p, b, slot, G * chunks);
+  finish_verify<ActT, kOneLaunch>(p, b, slot, G * chunks);
 }
 
 // prefill: fold the committed entries, run the T tokens through the fp32 recurrence (y for each),

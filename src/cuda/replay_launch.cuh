@@ -45,37 +45,37 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
   });
 }
 
-// One block per (entry, group, chunk of heads), specialised for the window rounded up to 1, 4 or
-// 8 and for the ring entries per lane. A block serves as many heads of its group as keeps >= 4
-// blocks per SM, >= 2 at W = 1: there the per-block work (staging, B_k . C_j, the weights) is a
-// large part of the time, and a group's 16 heads in one block took nemotron-h-8b at batch 64
-// from 67.7 to 61.1 us (separate-fp8; H200, bench/results/2026-11-30-h200-session6.md).
+// verify_kernel's shared memory; in one launch also the fold's, where that is larger (small
+// shapes).
+inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int heads, Mode mode,
+                          bool one_launch) {
+  const size_t own = StepSmem::bytes(L, N, windows, heads, has_bf16_readout(mode)) +
+                     verify_stages(windows) * lc.verify_stage_bytes;
+  return one_launch ? std::max(own, lc.smem_fold) : own;
+}
+
+// One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
+// specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for a
+// step in one launch (verify_in_one_launch) or after validate_tokens and flush_kernel.
 template <Mode kMode>
-void ModeLaunchers<kMode>::verify(ReplayParams p, const LaunchConfig& lc) {
-  const int per_group = p.H / p.G;
-  const int min_blocks = (p.tokens == 1 ? 2 : 4) * lc.sm_count;
-  p.heads_per_block = 1;
-  for (int d = per_group; d > 1; --d)
-    if (per_group % d == 0 && int64_t(p.batch) * p.H / d >= min_blocks) {
-      p.heads_per_block = d;
-      break;
-    }
+void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   const int blocks = p.batch * p.H / p.heads_per_block;
+  const bool one_launch = verify_in_one_launch(p);
   auto run = [&](auto kernel, int windows) {
-    const size_t smem =
-        StepSmem::bytes(p.L, p.N, windows, p.heads_per_block, has_bf16_readout(kMode)) +
-        verify_stages(windows) * lc.verify_stage_bytes;
+    const size_t smem = verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode, one_launch);
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
   with_act(lc, [&]<typename ActT>() {
     auto with_window = [&]<int kEntries>() {
-      if (p.tokens == 1)
-        run(verify_kernel<kMode, ActT, 1, kEntries>, 1);
+      if (one_launch)  // W = 1 only (verify_in_one_launch)
+        run(verify_kernel<kMode, ActT, 1, kEntries, true>, 1);
+      else if (p.tokens == 1)
+        run(verify_kernel<kMode, ActT, 1, kEntries, false>, 1);
       else if (p.tokens <= 4)
-        run(verify_kernel<kMode, ActT, 4, kEntries>, 4);
+        run(verify_kernel<kMode, ActT, 4, kEntries, false>, 4);
       else
-        run(verify_kernel<kMode, ActT, 8, kEntries>, 8);
+        run(verify_kernel<kMode, ActT, 8, kEntries, false>, 8);
     };
     if (lc.entries_per_lane == 1)
       with_window.template operator()<1>();
@@ -108,15 +108,14 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max
     load_kernel(flush_kernel<kMode, ActT>, lc.smem_fold);
     size_flush_grid(lc, flush_kernel<kMode, ActT>);
     auto verify_kernels = [&]<int kEntries>() {
-      load_kernel(verify_kernel<kMode, ActT, 1, kEntries>,
-                  StepSmem::bytes(L, N, 1, max_heads, has_bf16_readout(kMode)) +
-                      verify_stages(1) * lc.verify_stage_bytes);
-      load_kernel(verify_kernel<kMode, ActT, 4, kEntries>,
-                  StepSmem::bytes(L, N, 4, max_heads, has_bf16_readout(kMode)) +
-                      verify_stages(4) * lc.verify_stage_bytes);
-      load_kernel(verify_kernel<kMode, ActT, 8, kEntries>,
-                  StepSmem::bytes(L, N, 8, max_heads, has_bf16_readout(kMode)) +
-                      verify_stages(8) * lc.verify_stage_bytes);
+      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, true>,
+                  verify_smem(lc, L, N, 1, max_heads, kMode, true));
+      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, false>,
+                  verify_smem(lc, L, N, 1, max_heads, kMode, false));
+      load_kernel(verify_kernel<kMode, ActT, 4, kEntries, false>,
+                  verify_smem(lc, L, N, 4, max_heads, kMode, false));
+      load_kernel(verify_kernel<kMode, ActT, 8, kEntries, false>,
+                  verify_smem(lc, L, N, 8, max_heads, kMode, false));
     };
     if (lc.entries_per_lane == 1)
       verify_kernels.template operator()<1>();

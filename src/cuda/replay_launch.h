@@ -23,6 +23,31 @@ struct LaunchConfig {
                               // before them in the stream (cuda_common.cuh)
 };
 
+// Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
+// the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
+// heads in one block took nemotron-h-8b at batch 64 from 67.7 to 61.1 us (separate-fp8; H200,
+// bench/results/2026-11-30-h200-session6.md).
+inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_count) {
+  const int per_group = H / G;
+  const int min_blocks = (tokens == 1 ? 2 : 4) * sm_count;
+  for (int d = per_group; d > 1; --d)
+    if (per_group % d == 0 && int64_t(batch) * H / d >= min_blocks) return d;
+  return 1;
+}
+
+// Autoregressive steps (W = 1) of small batches whose verify blocks hold one head each run as one
+// launch of verify_kernel (no validate_tokens, no flush_kernel before it): there a step is bound
+// by the latency of its chain of kernels (H200, separate-fp8 batch 1: one node fewer, the flush
+// inside the verify, took a step from 14.5 to 12.7 us). With several heads per block a flushing
+// entry's blocks would fold their heads one after another while flush_kernel spreads them over
+// the GPU (batch 64: 61.0 -> 73.3 us); and every block reads its whole entry's inputs to validate
+// them, 20 KB at W = 1 for nemotron-h-8b but 160 KB at W = 8, so larger batches and windows keep
+// three launches.
+inline constexpr int kOneLaunchMaxBatch = 8;
+inline bool verify_in_one_launch(const ReplayParams& p) {
+  return p.tokens == 1 && p.heads_per_block == 1 && p.batch <= kOneLaunchMaxBatch;
+}
+
 // Loads a kernel's module now (CUDA loads modules lazily, at a kernel's first launch).
 template <typename Kernel>
 void load_kernel(Kernel kernel) {
@@ -36,8 +61,10 @@ struct ModeLaunchers {
   static void prefill(const ReplayParams& p, const LaunchConfig& lc);
   // The entries the validate kernel listed: fold + encode (flush_kernel).
   static void flush(const ReplayParams& p, const LaunchConfig& lc);
-  // Every entry: readout, ring term, y, ring x/delta append (verify_kernel).
-  static void verify(ReplayParams p, const LaunchConfig& lc);
+  // Every entry: readout, ring term, y, ring x/delta/B append, cursors (verify_kernel), with
+  // p.heads_per_block = verify_heads_per_block(...); in one launch (verify_in_one_launch) also
+  // the validation and the flush.
+  static void verify(const ReplayParams& p, const LaunchConfig& lc);
   // state(slot, at) into p.dense, or (encode) p.dense into the slot's checkpoints.
   static void dense(const ReplayParams& p, const LaunchConfig& lc, int slot, bool encode);
   // Once, when the cache is created: loads every kernel the mode can launch (CUDA loads modules

@@ -1,28 +1,12 @@
-// The small kernels around the replay kernels: input validation (which also lists the entries
-// that flush), the cursor updates after verify / flush / prefill, commit, and the cursor setters
-// of open / release / fork. Not specialised per mode; included by cuda_backend.cu only.
+// The small kernels around the replay kernels: input validation (and the list of the slots an
+// explicit flush folds), the cursor updates after an explicit flush / prefill, commit, and the
+// cursor setters of open / release / fork. Not specialised per mode; included by cuda_backend.cu
+// only.
 #pragma once
 
 #include "cuda/replay_kernels.cuh"
 
 namespace replayssm::cuda {
-
-// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones).
-template <typename ActT>
-__device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (sizeof(ActT) == 4) {
-      bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
-    } else {
-      const uint32_t m = f16 ? 0x7c00u : 0x7f80u;
-      bad |= (w[i] & m) == m || ((w[i] >> 16) & m) == m;
-    }
-  }
-  return bad;
-}
 
 // Checks a slot before a token operation: open, nothing pending, finite inputs. Grid
 // (B, kValidateSplit): each block scans a share of the entry's x, B, C, dt in 16-byte loads.
@@ -44,25 +28,11 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
     }
     return;
   }
-  const int T = p.tokens;
-  if (p.list_flushes && part == 0 && threadIdx.x == 0 && verify_needs_flush(cur, T, p.L) &&
+  if (p.list_flushes && part == 0 && threadIdx.x == 0 && verify_needs_flush(cur, p.tokens, p.L) &&
       cur.committed > 0)
     p.flush_list[atomicAdd(p.flush_count, 1)] = b;  // flush_kernel checks the status first
-  const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
-  const int64_t ux = nx * int64_t(sizeof(ActT)) / 16, ub = nb * int64_t(sizeof(ActT)) / 16;
-  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
-  const uint4* Bm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
-  const uint4* Cm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
-  const float* dt = p.dt + b * nd;
-  const int64_t total = ux + 2 * ub, stride = int64_t(kValidateSplit) * blockDim.x;
-  bool local = false;
-#pragma unroll 4
-  for (int64_t u = int64_t(part) * blockDim.x + threadIdx.x; u < total; u += stride) {
-    const uint4 v = u < ux ? x[u] : (u < ux + ub ? Bm[u - ux] : Cm[u - ux - ub]);
-    local |= nonfinite16<ActT>(v, p.act_f16);
-  }
-  for (int64_t i = int64_t(part) * blockDim.x + threadIdx.x; i < nd; i += stride)
-    local |= !isfinite(dt[i]);
+  const bool local = entry_has_nonfinite<ActT>(p, b, int64_t(part) * blockDim.x,
+                                               int64_t(kValidateSplit) * blockDim.x);
   const int bad = __syncthreads_or(local);
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;
@@ -86,39 +56,17 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
   if (st == 0 && p.cursors[slot].committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = b;
 }
 
-// After an explicit flush (W = 0), or a verify whose kernel does not update the cursors itself:
-// ring B of the window and the cursors. One block per b.
-template <typename ActT>
-__global__ void verify_finalize_kernel(const ReplayParams p) {
-  const int b = blockIdx.x;
-  if (!slot_ok(p, b)) return;
+// After an explicit flush: the cursors of every slot that flushed. One thread per batch entry.
+__global__ void flush_finalize_kernel(const ReplayParams p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= p.batch || !slot_ok(p, b)) return;
   const int slot = p.slots[b];
   SlotCursors cur = p.cursors[slot];
-  const int W = p.tokens, L = p.L;
-  const bool flush =
-      (p.force_flush && cur.committed > 0) || (W > 0 && verify_needs_flush(cur, W, L));
-  SlotCursors after = cur;
-  if (flush) apply_flush(after, L);
-  const SlotSections sec = slot_sections(p.geo, slot);
-  // 16-byte vectors (G * N * sizeof(ActT) is a multiple of 16), all of a thread's in flight.
-  const int per_row = p.G * p.N * int(sizeof(ActT)) / 16;
-#pragma unroll 4
-  for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
-    const int j = u / per_row, i = u - j * per_row;
-    const int phys = ring_index(after, after.committed + j, L);
-    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B))[int64_t(phys) * per_row + i] =
-        reinterpret_cast<const uint4*>(
-            static_cast<const ActT*>(p.B))[(int64_t(b) * W + j) * per_row + i];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    if (W > 0) apply_verify(after, W);
-    p.cursors[slot] = after;
-    if (flush) {
-      atomicAdd(&p.stats->flushes, 1ull);
-      atomicAdd(&p.stats->checkpoint_writes, 1ull);
-    }
-  }
+  if (cur.committed == 0) return;  // an empty ring writes nothing
+  apply_flush(cur, p.L);
+  p.cursors[slot] = cur;
+  atomicAdd(&p.stats->flushes, 1ull);
+  atomicAdd(&p.stats->checkpoint_writes, 1ull);
 }
 
 // commit: accepted [B] on the device; invalid counts raise an error and leave the slot as is.
