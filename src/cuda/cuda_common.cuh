@@ -149,8 +149,13 @@ __device__ __forceinline__ void store_scalar(void* p, DType dtype, int64_t i, fl
 }
 
 // Sum / max over the `lanes` consecutive lanes (a power of two <= 32) that hold one row.
+// Row reductions over `lanes` (a power of two <= 32) lanes, halving from lanes / 2 down to 1.
+// The offsets are unrolled and each step is predicated on lanes (uniform): the same additions in
+// the same order as a loop, without its branch per step.
 __device__ __forceinline__ float row_sum(float v, int lanes) {
-  for (int o = lanes >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < lanes) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
@@ -161,7 +166,9 @@ __device__ __forceinline__ float amax_combine(float m, float a) {
   return r;
 }
 __device__ __forceinline__ float row_amax(float m, int lanes) {
-  for (int o = lanes >> 1; o > 0; o >>= 1) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < lanes) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
   return m;
 }
 
