@@ -892,15 +892,25 @@ __device__ __forceinline__ void form_head_weights(const ReplayParams& p, const S
   }
 }
 
+// How a verify_kernel instantiation runs (the launcher picks one per step, replay_launch.h).
+enum class VerifyVariant {
+  chained,       // after validate_tokens and flush_kernel
+  chained_wide,  // the same for W = 1 on the tensor cores, where the grid is one wave at 4
+                 // blocks per SM: registers for 4 blocks instead of 6
+  one_launch,    // the whole step in this kernel (validation, fold): small batches
+};
+
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
 // for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
 // registers, spilled 8 bytes); the FMA path at W = 1 holds one row of C in 8 registers.
-// A one-launch verify (small batches, occupancy no concern) aims at 4 at most, so the fold in it
-// has registers to spare.
-constexpr int verify_min_blocks(Mode mode, int kW, bool one_launch = false) {
+// The wide and one-launch variants aim at 4 at most: 128 registers leave the readout's per-unit
+// addressing in registers (the wide variant: H200, W = 1 batch 64, 54.6 -> 50.6 us shared-fp8,
+// 61.1 -> 57.2 separate-fp8; at batch 256, several waves, 4 blocks per SM lost 2%), and the fold
+// of a one-launch step has registers to spare.
+constexpr int verify_min_blocks(Mode mode, int kW, VerifyVariant variant) {
   const int blocks = has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
-  return one_launch && blocks > 4 ? 4 : blocks;
+  return variant != VerifyVariant::chained && blocks > 4 ? 4 : blocks;
 }
 
 // The flush of a one-launch verify block's heads, 2 rows per thread and pass (the separate
@@ -914,13 +924,14 @@ __device__ __forceinline__ void verify_flush_heads(const ReplayParams& p, int b,
   }
 }
 
-// kOneLaunch: the whole step in this one kernel, for small batches whose blocks hold one head
-// each (launch latency dominates there): each block checks its entry as validate_tokens would
-// and folds its own heads where the entry must flush. Otherwise validate_tokens and flush_kernel
-// ran before it.
-template <Mode kMode, typename ActT, int kW, int kEntries, bool kOneLaunch>
-__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kOneLaunch))
+// VerifyVariant::one_launch: the whole step in this one kernel, for small batches whose blocks hold
+// one head each (launch latency dominates there): each block checks its entry as validate_tokens
+// would and folds its own heads where the entry must flush. Otherwise validate_tokens and
+// flush_kernel ran before it.
+template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVariant>
+__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
+  constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
   wait_for_previous_grid();  // launched dependent on the kernel before it at small batches
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);

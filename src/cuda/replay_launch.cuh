@@ -55,8 +55,8 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
 }
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
-// specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for a
-// step in one launch (verify_in_one_launch) or after validate_tokens and flush_kernel.
+// specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
+// the step runs (VerifyVariant: verify_in_one_launch, verify_wide, else chained).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   const int blocks = p.batch * p.H / p.heads_per_block;
@@ -66,16 +66,21 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
+  using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
     auto with_window = [&]<int kEntries>() {
-      if (one_launch)  // W = 1 only (verify_in_one_launch)
-        run(verify_kernel<kMode, ActT, 1, kEntries, true>, 1);
-      else if (p.tokens == 1)
-        run(verify_kernel<kMode, ActT, 1, kEntries, false>, 1);
-      else if (p.tokens <= 4)
-        run(verify_kernel<kMode, ActT, 4, kEntries, false>, 4);
-      else
-        run(verify_kernel<kMode, ActT, 8, kEntries, false>, 8);
+      if (one_launch) {  // W = 1 only (verify_in_one_launch)
+        run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
+      } else if (p.tokens == 1) {
+        if constexpr (has_bf16_readout(kMode))
+          if (verify_wide(p, lc.sm_count))
+            return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
+        run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
+      } else if (p.tokens <= 4) {
+        run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);
+      } else {
+        run(verify_kernel<kMode, ActT, 8, kEntries, V::chained>, 8);
+      }
     };
     if (lc.entries_per_lane == 1)
       with_window.template operator()<1>();
@@ -108,13 +113,17 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max
     load_kernel(flush_kernel<kMode, ActT>, lc.smem_fold);
     size_flush_grid(lc, flush_kernel<kMode, ActT>);
     auto verify_kernels = [&]<int kEntries>() {
-      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, true>,
+      using V = VerifyVariant;
+      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>,
                   verify_smem(lc, L, N, 1, max_heads, kMode, true));
-      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, false>,
+      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode, false));
-      load_kernel(verify_kernel<kMode, ActT, 4, kEntries, false>,
+      if constexpr (has_bf16_readout(kMode))
+        load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
+                    verify_smem(lc, L, N, 1, max_heads, kMode, false));
+      load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
                   verify_smem(lc, L, N, 4, max_heads, kMode, false));
-      load_kernel(verify_kernel<kMode, ActT, 8, kEntries, false>,
+      load_kernel(verify_kernel<kMode, ActT, 8, kEntries, V::chained>,
                   verify_smem(lc, L, N, 8, max_heads, kMode, false));
     };
     if (lc.entries_per_lane == 1)

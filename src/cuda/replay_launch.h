@@ -48,6 +48,15 @@ inline bool verify_in_one_launch(const ReplayParams& p) {
   return p.tokens == 1 && p.heads_per_block == 1 && p.batch <= kOneLaunchMaxBatch;
 }
 
+// Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
+// (nemotron-h-8b: batch 16 to 64) take VerifyVariant::chained_wide: registers for 4 blocks
+// instead of 6 (H200: batch 64 separate-fp8 61.1 -> 57.2 us). Larger grids run several waves,
+// where 6 blocks per SM did better (batch 256: 201.9 vs 205.5 us).
+inline constexpr int kWideBlocksPerSm = 4;
+inline bool verify_wide(const ReplayParams& p, int sm_count) {
+  return p.tokens == 1 && int64_t(p.batch) * p.H / p.heads_per_block <= kWideBlocksPerSm * sm_count;
+}
+
 // Loads a kernel's module now (CUDA loads modules lazily, at a kernel's first launch).
 template <typename Kernel>
 void load_kernel(Kernel kernel) {
