@@ -513,7 +513,8 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
 inline constexpr int kVerifyThreads = 128;
 static_assert(kVerifyThreads == kFlushThreads, "verify_kernel runs flush_head");
 // Stages in flight: at W = 1 two (one unit copied while one is read) leave room for more blocks
-// per SM (three measured slower: 67.7 -> 71.2 us, 2026-11-30); W > 1 keeps three.
+// per SM (three measured slower: 67.7 -> 71.2 us, and 57.5 -> 58.1 us at batch 64 with a
+// run-time stage count where a one-wave grid left shared memory idle); W > 1 keeps three.
 constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
 inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
 
