@@ -347,7 +347,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A batch large enough that verify_kernel serves several heads of a group per block (the chunk
 // grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
-// gives 4 heads per block), which the small batches above never reach.
+// gives 4 heads per block; 8 at W = 1, whose 384 blocks run as VerifyVariant::chained_wide, one
+// wave at 4 blocks per SM), which the small batches above never reach.
 // The readout and the flush are checked apart: before every step the CPU cache is made a copy of
 // the GPU's (export/import), so the outputs of slots that do not flush in the step depend on
 // identical checkpoints and must agree to fp32 summation order (2e-5), whatever the mode. Slots
