@@ -416,6 +416,10 @@ inline constexpr int kFlushThreads = 128;
 // 303.1 -> 296.2 us, 256: 1078.6 -> 1039.4; separate-nvfp4 417.9 -> 395.8; shared-fp8, whose
 // 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4. fp16-sr (the SR alone) spilled
 // 108 bytes at 4 rows once the Philox round keys came from the parameters, and takes 2 as well.
+// Aiming at 4 blocks per SM (128 registers, no spills, 2 or 4 rows) was slower in every mode
+// measured: the kernel is instruction-bound and 16 warps per SM issue less than 24 (separate-fp8
+// W=8 batch 64 200.2 -> 204.0 / 202.1 us, separate-nvfp4 259.4 -> 273.1 / 276.3;
+// bench/results/2026-11-30-h200-session8.md).
 constexpr int flush_rows(Mode mode) { return uses_stochastic_rounding(mode) ? 2 : kStepRows; }
 constexpr int flush_min_blocks(Mode mode) { return uses_stochastic_rounding(mode) ? 6 : 5; }
 
