@@ -12,11 +12,10 @@
 //                    the window's ring x, delta and B, and (the last block of each entry) the
 //                    cursors
 // Decode steps (W = 1) of small batches whose verify blocks hold one head each run as one launch
-// of verify (kOneLaunch): each block validates its entry and folds its own head where the entry
-// flushes.
-// An explicit flush runs validate_slots (lists the slots to fold), flush and flush_finalize.
-// In the 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16 (BF16
-// readout rule); products are exact in fp32 and summed in fp32.
+// of verify (VerifyVariant::one_launch): each block validates its entry and folds its own head
+// where the entry flushes. An explicit flush runs validate_slots (lists the slots to fold), flush
+// and flush_finalize. In the 8/4-bit read modes R are code values (exact in bf16) and C_j is
+// rounded to bf16 (BF16 readout rule); products are exact in fp32 and summed in fp32.
 #pragma once
 
 #include "cache/cursors.h"
