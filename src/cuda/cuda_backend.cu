@@ -110,6 +110,10 @@ class CudaBackend final : public CacheBackend {
     base_.G = shape.ngroups;
     base_.L = config.history;
     base_.lanes_per_row = N / 8;
+    // The kernels index a slot's checkpoint elements in 32 bits (load_raw8, encode8).
+    check(int64_t(shape.nheads) * shape.headdim * N < (int64_t(1) << 31),
+          "cuda backend: ", shape.nheads, " x ", shape.headdim, " x ", N,
+          " state elements per slot exceed 2^31");
     base_.act_f16 = config.activation_dtype == DType::f16;
     base_.key = philox_key(config.seed, config.layer);
     base_.keys10 = philox_keys10(base_.key);

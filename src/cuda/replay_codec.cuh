@@ -79,7 +79,9 @@ struct RawChunk {
 template <Mode kMode>
 __device__ __forceinline__ void load_raw8(const SlotSections& s, int64_t row, int n0, int N,
                                           bool rec, RawChunk& c) {
-  const int64_t e = row * N + n0;
+  // Element offset within the slot's section: below 2^31 (checked at construction), so 32-bit
+  // arithmetic and a zero-extended add to the section pointer suffice.
+  const uint32_t e = uint32_t(row) * uint32_t(N) + uint32_t(n0);
   c.scale = 1.f;
   if constexpr (kMode == Mode::fp32) {
     c.lo = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[0];
@@ -294,7 +296,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
                                          bool store) {
-  const int64_t e = row * N + n0;
+  const uint32_t e = uint32_t(row) * uint32_t(N) + uint32_t(n0);  // as in load_raw8
   int sat = 0;
   if constexpr (kMode == Mode::fp32) {
     if (store) store8_f32(static_cast<float*>(s.rec) + e, v);
