@@ -110,6 +110,8 @@ class CudaBackend final : public CacheBackend {
     base_.G = shape.ngroups;
     base_.L = config.history;
     base_.lanes_per_row = N / 8;
+    base_.by_heads = FastDiv::make(uint32_t(shape.nheads));
+    base_.by_group_heads = FastDiv::make(uint32_t(shape.nheads / shape.ngroups));
     // The kernels index a slot's checkpoint elements in 32 bits (load_raw8, encode8).
     check(int64_t(shape.nheads) * shape.headdim * N < (int64_t(1) << 31),
           "cuda backend: ", shape.nheads, " x ", shape.headdim, " x ", N,

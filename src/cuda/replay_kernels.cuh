@@ -19,6 +19,7 @@
 #pragma once
 
 #include "cache/cursors.h"
+#include "core/fast_div.h"
 #include "cuda/replay_codec.cuh"
 
 namespace replayssm::cuda {
@@ -79,7 +80,9 @@ struct ReplayParams {
   bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
   bool act_f16;        // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
-  int lanes_per_row;  // N / 8
+  int lanes_per_row;       // N / 8
+  FastDiv by_heads;        // item / H: the batch entry of a flush item (entry, head)
+  FastDiv by_group_heads;  // h / (H / G): the group of head h
   U32x2 key;
   PhiloxKeys10 keys10;  // philox_keys10(key)
   int sr_bits, philox_rounds;
@@ -433,7 +436,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
   int prow[kRows];
   load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
-  stage_fold<ActT>(p, sec, cur, cur.committed, h, h / (p.H / p.G), f);
+  stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), f);
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;
@@ -476,9 +479,10 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   // that clears the count; the grid then exits without its same-address atomics.
   if (items == 0) return;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int b = p.flush_list[item / p.H];
+    const int listed = int(p.by_heads.div(item));
+    const int b = p.flush_list[listed];
     if (slot_ok(p, b))
-      flush_head<kMode, ActT>(p, b, item % p.H, reinterpret_cast<float*>(smem_raw));
+      flush_head<kMode, ActT>(p, b, item - listed * p.H, reinterpret_cast<float*>(smem_raw));
     __syncthreads();
   }
   // The last block to finish (every block read the count before it got here) clears the count
