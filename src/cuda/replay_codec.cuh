@@ -179,13 +179,28 @@ __device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, in
 }
 
 // Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0).
+// kShortSr: the caller guarantees r <= 12 (the flush is specialised for it), so only the short
+// form is compiled and the 8 elements' instructions interleave without a branch each.
+template <bool kShortSr = false>
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
                                               uint16_t (&out)[8]) {
   int saturated = 0;
+  const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
+  if constexpr (kShortSr) {
+    float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      out[k] = f32_to_f16_sr_fast(v[k], sr_random(draw, k), sr.bits);
+      magnitude = fmaxf(magnitude, fabsf(v[k]));
+    }
+    if (magnitude > 65504.f)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) saturated += fabsf(v[k]) > 65504.f ? 1 : 0;
+    return saturated;
+  }
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
   const bool fast = sr.bits <= 12;
-  float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
-  const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
+  float magnitude = 0.f;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float x = v[k];
@@ -291,7 +306,7 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
 // nothing, since their row may already hold the new values of its owner. Returns the values the
 // readout multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new
 // codes; adds the number of fp16-saturated elements to *saturated (store = false: nothing).
-template <Mode kMode>
+template <Mode kMode, bool kShortSr = false>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
@@ -328,7 +343,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
     uint16_t c[8];
-    sat = encode8_f16_sr(v, uint64_t(e), sr, c);
+    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, c);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(c[i]);
     if (store) {
@@ -360,7 +375,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
       }
     }
     uint16_t c[8];
-    sat = encode8_f16_sr(v, uint64_t(e), sr, c);
+    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, c);
     if (store) {
       if (lane_in_row == 0) s.read_scale[row] = scale;
       store8_u16(static_cast<uint16_t*>(s.rec) + e, c);

@@ -425,7 +425,8 @@ inline constexpr int kFlushThreads = 128;
 constexpr int flush_rows(Mode mode) { return uses_stochastic_rounding(mode) ? 2 : kStepRows; }
 constexpr int flush_min_blocks(Mode mode) { return uses_stochastic_rounding(mode) ? 6 : 5; }
 
-template <Mode kMode, typename ActT, int kRows = flush_rows(kMode)>
+// kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
+template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, float* smem) {
   const int slot = p.slots[b];
   const SlotCursors cur = p.cursors[slot];
@@ -459,8 +460,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
       const int bad = sanitize8(v[r]);
       float rv[8];
       // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
-      encode8<kMode>(sec, int64_t(h) * P + pr, rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,
-                     &saturated, row[r] < P);
+      encode8<kMode, kShortSr>(sec, int64_t(h) * P + pr, rm.n0, N, rm.lane_in_row, rm.lanes, v[r],
+                               sr, rv, &saturated, row[r] < P);
       if (row[r] < P) nonfinite += bad;
     }
   }
@@ -469,7 +470,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int b, int h, 
 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
 // barrier between items keeps one item's shared memory from being overwritten by the next.
-template <Mode kMode, typename ActT>
+// kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
+template <Mode kMode, typename ActT, bool kShortSr>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
@@ -482,7 +484,8 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     const int listed = int(p.by_heads.div(item));
     const int b = p.flush_list[listed];
     if (slot_ok(p, b))
-      flush_head<kMode, ActT>(p, b, item - listed * p.H, reinterpret_cast<float*>(smem_raw));
+      flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, b, item - listed * p.H,
+                                                           reinterpret_cast<float*>(smem_raw));
     __syncthreads();
   }
   // The last block to finish (every block read the count before it got here) clears the count

@@ -38,10 +38,15 @@ void ModeLaunchers<kMode>::prefill(const ReplayParams& p, const LaunchConfig& lc
 template <Mode kMode>
 void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) {
   with_act(lc, [&]<typename ActT>() {
-    auto kernel = flush_kernel<kMode, ActT>;
-    allow_dynamic_smem(kernel, lc.smem_fold);
-    size_flush_grid(lc, kernel);
-    launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
+    auto run = [&](auto kernel) {
+      allow_dynamic_smem(kernel, lc.smem_fold);
+      size_flush_grid(lc, kernel);
+      launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
+    };
+    if (uses_stochastic_rounding(kMode) && p.sr_bits <= 12)
+      run(flush_kernel<kMode, ActT, uses_stochastic_rounding(kMode)>);
+    else
+      run(flush_kernel<kMode, ActT, false>);
   });
 }
 
@@ -110,8 +115,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
-    load_kernel(flush_kernel<kMode, ActT>, lc.smem_fold);
-    size_flush_grid(lc, flush_kernel<kMode, ActT>);
+    load_kernel(flush_kernel<kMode, ActT, false>, lc.smem_fold);
+    size_flush_grid(lc, flush_kernel<kMode, ActT, false>);
+    if constexpr (uses_stochastic_rounding(kMode))
+      load_kernel(flush_kernel<kMode, ActT, true>, lc.smem_fold);
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>,
