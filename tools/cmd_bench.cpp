@@ -328,9 +328,9 @@ void print_header(const BenchArgs& a, const Context& cx) {
         cx.shape.ngroups, a.history, cx.accept_rate, accepted_by_window, a.repeats,
         a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
     fmt::print(
-        "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW | vs std "
-        "fp32 "
-        "| vs std bf16 |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW "
+        "| vs std fp32 | vs std bf16 |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   std::fflush(stdout);
 }
@@ -394,6 +394,7 @@ void run_bench(const BenchArgs& a) {
   cx.shape.validate();
   check(a.accept_mean >= 1.0, "--accept-mean ", a.accept_mean, " must be at least 1");
   check(a.repeats >= 1 && a.flush_cycles >= 1, "--repeats and --flush-cycles must be positive");
+  for (int batch : a.batches) check(batch >= 1, "--batches: ", batch, " must be positive");
   cx.params = synthetic_layer_params(cx.shape, a.seed);
   std::vector<Mode> modes;
   for (const std::string& m : a.modes) modes.push_back(parse_mode(m));
@@ -411,7 +412,6 @@ void run_bench(const BenchArgs& a) {
   if (a.check)
     for (Mode m : modes)
       for (int W : a.windows) check_against_cpu(cx, m, W);
-  for (int batch : a.batches) check(batch >= 1, "--batches: ", batch, " must be positive");
   print_header(a, cx);
   std::vector<Row> rows;
   auto add = [&](const Row& r) {

@@ -204,6 +204,7 @@ RSSM_HD uint32_t f16_subnormal_lift(uint32_t a) {
 // lsb are the top 13 of the wide discarded field; the outcome depends only on its top r + 1 <=
 // 13 bits (see above), so rounding y as a normal value and removing 2^-14 (0x400) is exact.
 // Overflow: above 65504 the sum exceeds 0x7bff and is clamped to it (Inf included).
+inline constexpr int kSrFastMaxBits = 12;  // the largest r f32_to_f16_sr_fast handles
 RSSM_HD uint16_t f32_to_f16_sr_fast(float x, uint32_t random, int r_bits) {
   const uint32_t u = f32_bits(x);
   const uint32_t a = u & 0x7fffffffu;

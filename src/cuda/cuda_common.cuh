@@ -148,7 +148,6 @@ __device__ __forceinline__ void store_scalar(void* p, DType dtype, int64_t i, fl
   }
 }
 
-// Sum / max over the `lanes` consecutive lanes (a power of two <= 32) that hold one row.
 // Row reductions over `lanes` (a power of two <= 32) lanes, halving from lanes / 2 down to 1.
 // The offsets are unrolled and each step is predicated on lanes (uniform): the same additions in
 // the same order as a loop, without its branch per step.

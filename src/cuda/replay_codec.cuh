@@ -199,7 +199,7 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
     return saturated;
   }
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
-  const bool fast = sr.bits <= 12;
+  const bool fast = sr.bits <= kSrFastMaxBits;
   float magnitude = 0.f;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {

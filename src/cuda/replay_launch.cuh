@@ -43,7 +43,7 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
       size_flush_grid(lc, kernel);
       launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
     };
-    if (uses_stochastic_rounding(kMode) && p.sr_bits <= 12)
+    if (uses_stochastic_rounding(kMode) && p.sr_bits <= kSrFastMaxBits)
       run(flush_kernel<kMode, ActT, uses_stochastic_rounding(kMode)>);
     else
       run(flush_kernel<kMode, ActT, false>);
