@@ -321,11 +321,16 @@ void print_header(const BenchArgs& a, const Context& cx) {
       if (W > 1)
         accepted_by_window += fmt::format(
             "{} {:.2f} at W = {}", accepted_by_window.empty() ? "" : ",", cx.mean_accepted(W), W);
+    // Only speculative windows draw accepted counts; decode-only runs say nothing of them.
+    const std::string acceptance =
+        accepted_by_window.empty() ? std::string()
+                                   : fmt::format(", per-draft acceptance {:.3f} (mean accepted{})",
+                                                 cx.accept_rate, accepted_by_window);
     fmt::print(
-        "replayssm bench: {} backend, H={} P={} N={} G={}, history {}, per-draft acceptance {:.3f} "
-        "(mean accepted{}), median of {} runs{}; copy bandwidth {:.0f} GB/s (read + write)\n\n",
+        "replayssm bench: {} backend, H={} P={} N={} G={}, history {}{}, median of {} runs{}; copy "
+        "bandwidth {:.0f} GB/s (read + write)\n\n",
         backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
-        cx.shape.ngroups, a.history, cx.accept_rate, accepted_by_window, a.repeats,
+        cx.shape.ngroups, a.history, acceptance, a.repeats,
         a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
     fmt::print(
         "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW "
