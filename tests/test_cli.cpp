@@ -335,6 +335,29 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   }
   EXPECT_FALSE(j["cold_cache"].get<bool>());
   EXPECT_NE(run("bench --e2e --backend cpu --model tiny --cold-l2").code, 0);
+
+  // --stagger: slot b starts b mod history entries into its ring. History 4, batch 4, W = 1,
+  // 8 steps: the aligned slots each flush once (committed counts read 0,1,2,3,4,1,2,3); staggered,
+  // slots 1-3 flush twice and read 4 more committed entries each (sums 16, 20, 20, 20). Each extra
+  // flush reads and writes the fp32 recurrence checkpoint instead of reading it: 16384 more bytes;
+  // an entry is x, B and delta: 4 x 16 x 2 + 2 x 64 x 2 + 4 x 4 = 400 bytes.
+  const std::string small =
+      "bench --backend cpu --shape 4,16,64,2 --batches 4 --history 4 --windows 1 --modes fp32 "
+      "--repeats 1 --flush-cycles 2 -o json";
+  const Result aligned = run(small), staggered = run(small + " --stagger");
+  ASSERT_EQ(aligned.code, 0) << aligned.err;
+  ASSERT_EQ(staggered.code, 0) << staggered.err;
+  const nlohmann::json ja = nlohmann::json::parse(aligned.out),
+                       js = nlohmann::json::parse(staggered.out);
+  EXPECT_FALSE(ja["staggered"].get<bool>());
+  EXPECT_TRUE(js["staggered"].get<bool>());
+  ASSERT_EQ(js["rows"].size(), 3u);
+  ASSERT_EQ(js["rows"][2]["name"], "replay fp32");
+  EXPECT_TRUE(std::isfinite(js["rows"][2]["us_per_step"].get<double>()));
+  EXPECT_EQ(js["rows"][2]["modelled_bytes_per_step"].get<double>() -
+                ja["rows"][2]["modelled_bytes_per_step"].get<double>(),
+            (3 * 16384.0 + 12 * 400.0) / 8);
+  EXPECT_NE(run("bench --e2e --backend cpu --model tiny --stagger").code, 0);
 }
 
 // bench --e2e on the CPU with the tiny preset: one row per configuration in order, every number

@@ -52,6 +52,7 @@ struct BenchArgs {
   std::string backend = "auto";
   bool check = false;
   bool cold_cache = false;  // scrub the caches before every timed step
+  bool stagger = false;     // spread the slots' flush phases (slot b starts b % history entries in)
   std::string format = "md";
   // --e2e: the whole model, batch 1.
   bool e2e = false;
@@ -189,6 +190,25 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
     cache.prefill(slots.view(), prompt.x.view(), prompt.B.view(), prompt.C.view(), prompt.dt.view(),
                   y.view());
   }
+  // --stagger: slot b decodes b % L tokens before the timed run (pre-step k decodes the slots
+  // with b % L >= k), so at W = 1 about batch / L slots flush per step, as when requests arrive
+  // at different times; otherwise every slot starts with an empty ring and all flush together.
+  std::vector<SlotCursors> start(size_t(batch), fresh_cursors(0));
+  for (int k = 1; cx.args.stagger && k < L; ++k) {
+    std::vector<int32_t> sub;
+    for (int b = 0; b < batch; ++b)
+      if (b % L >= k) {
+        sub.push_back(b);
+        apply_verify(start[b], 1);
+        apply_commit(start[b], 1);
+      }
+    if (sub.empty()) break;
+    const int n = int(sub.size());
+    io::Staged sub_slots(cx.backend, sub.data(), DType::i32, {n});
+    Tokens tk(cx.backend, s, cx.act, n, 1, cx.rng);
+    Buffer yk(cx.backend, cx.act, {n, 1, s.nheads, s.headdim}, nullptr);
+    cache.decode(sub_slots.view(), tk.x.view(), tk.B.view(), tk.C.view(), tk.dt.view(), yk.view());
+  }
   // Enough steps for flush_cycles flushes of every slot.
   const int steps = std::max(8, int(std::ceil(cx.args.flush_cycles * L / cx.mean_accepted(W))));
   const double q = cx.accept_rate;
@@ -232,7 +252,7 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
   const double entry = s.nheads * s.headdim * e + s.ngroups * s.dstate * e + 4.0 * s.nheads;
   const double carrier = double(layout.size[SlotLayout::rec] + layout.size[SlotLayout::rec_scale]);
   double bytes = 0;
-  std::vector<SlotCursors> cur(size_t(batch), fresh_cursors(0));
+  std::vector<SlotCursors> cur = start;
   for (int i = 0; i < steps; ++i) {
     for (int b = 0; b < batch; ++b) {
       SlotCursors& c = cur[b];
@@ -331,7 +351,9 @@ void print_header(const BenchArgs& a, const Context& cx) {
         "bandwidth {:.0f} GB/s (read + write)\n\n",
         backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
         cx.shape.ngroups, a.history, acceptance, a.repeats,
-        a.cold_cache ? ", caches scrubbed before every step" : "", cx.copy_gbs);
+        std::string(a.stagger ? ", flush phases staggered" : "") +
+            (a.cold_cache ? ", caches scrubbed before every step" : ""),
+        cx.copy_gbs);
     fmt::print(
         "| configuration | batch | W | us/step | us/token | MB/step | GB/s | % copy BW "
         "| vs std fp32 | vs std bf16 |\n"
@@ -383,6 +405,7 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                  {"accept_rate", cx.accept_rate},
                  {"copy_gb_per_s", cx.copy_gbs},
                  {"cold_cache", a.cold_cache},
+                 {"staggered", a.stagger},
                  {"rows", out}}
                  .dump(2));
 }
@@ -457,6 +480,8 @@ void run_e2e(const BenchArgs& a) {
         "bench --e2e builds a whole model from a preset: use --model, not --shape");
   check(!a.cold_cache, "bench --e2e: --cold-l2 is for layer steps (a whole model evicts the ",
         "caches by itself)");
+  check(!a.stagger, "bench --e2e: --stagger is for layer steps (a model's requests share one ",
+        "prompt here)");
   check(a.prompt_len >= 1 && a.new_tokens >= 1, "bench --e2e: --prompt-len and --new-tokens must ",
         "be positive");
   check(a.window >= 2 && a.window <= std::min(8, a.history / 2), "bench --e2e: --window ", a.window,
@@ -601,6 +626,9 @@ void register_bench(CLI::App& app) {
   b->add_flag("--cold-l2", args->cold_cache,
               "scrub the caches before every step and time the steps alone (the other layers "
               "of a model evict the L2 between a layer's steps in service)");
+  b->add_flag("--stagger", args->stagger,
+              "spread the slots' flush phases (slot b starts b mod history entries into its ring), "
+              "as in service, instead of every slot flushing on the same steps");
   b->add_option("-o,--output", args->format, "md (default), json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));
   b->add_flag("--e2e", args->e2e,
