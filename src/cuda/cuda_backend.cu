@@ -242,6 +242,8 @@ class CudaBackend final : public CacheBackend {
     check(batch.tokens >= 1 && batch.tokens <= config_.max_window, "cuda backend: window ",
           batch.tokens, " outside 1..max_window (", config_.max_window, ")");
     if (batch.batch == 0) return;
+    check(batch.batch <= kMaxVerifyBatch, "cuda backend: a verify of ", batch.batch,
+          " entries exceeds ", kMaxVerifyBatch, " (the verify grid's third dimension)");
     ReplayParams p = token_params(batch);
     p.commit_window = commit_window;
     p.list_flushes = true;
@@ -374,12 +376,13 @@ class CudaBackend final : public CacheBackend {
   void ensure_flush_list(int batch) {
     if (batch <= flush_list_capacity_) return;
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    flush_list_.reset(device_alloc<int32_t>(2 * size_t(batch) + 2));   // zeroed
+    flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 2));       // zeroed
+    flush_entries_.reset(device_alloc<cuda::FlushEntry>(size_t(batch)));
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
-    base_.flush_list = flush_list_.get() + 1;
-    base_.arrivals = flush_list_.get() + 1 + batch;
-    base_.flush_done = flush_list_.get() + 1 + 2 * batch;
+    base_.arrivals = flush_list_.get() + 1;
+    base_.flush_done = flush_list_.get() + 1 + batch;
+    base_.flush_list = flush_entries_.get();
   }
 
   struct Staging {
@@ -443,6 +446,7 @@ class CudaBackend final : public CacheBackend {
   SlotLayout layout_;
   cudaStream_t stream_ = nullptr;
   static constexpr int kDependentLaunchMaxBatch = 16;  // verify: dependent launches below it
+  static constexpr int kMaxVerifyBatch = 65535;        // the verify grid's z dimension
   DevicePtr<uint8_t> storage_;
   DevicePtr<SlotCursors> cursors_;
   DevicePtr<DeviceError> error_;
@@ -456,9 +460,10 @@ class CudaBackend final : public CacheBackend {
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
   size_t smem_verify_ = 0;         // verify_kernel, the most over the windows
   size_t verify_stage_bytes_ = 0;  // its checkpoint staging
-  // [2 + 2 batch]: count, the flushing batch entries, the arrival counters of verify_kernel, the
-  // finished-block counter of flush_kernel
+  // [2 + batch]: the flush count, the arrival counters of verify_kernel, the finished-block
+  // counter of flush_kernel; and the listed flushing entries [batch]
   DevicePtr<int32_t> flush_list_;
+  DevicePtr<cuda::FlushEntry> flush_entries_;
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once

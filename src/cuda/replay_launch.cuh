@@ -17,10 +17,10 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
 
 // A plain or (lc.dependent) a programmatic dependent launch.
 template <typename Kernel>
-void launch(const LaunchConfig& lc, Kernel kernel, int grid, int block, size_t smem,
+void launch(const LaunchConfig& lc, Kernel kernel, dim3 grid, int block, size_t smem,
             const ReplayParams& p) {
   if (lc.dependent)
-    launch_dependent(kernel, dim3(grid), dim3(block), smem, lc.stream, p);
+    launch_dependent(kernel, grid, dim3(block), smem, lc.stream, p);
   else
     kernel<<<grid, block, smem, lc.stream>>>(p);
 }
@@ -64,7 +64,9 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
 // the step runs (VerifyVariant: verify_in_one_launch, verify_wide, else chained).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
-  const int blocks = p.batch * p.H / p.heads_per_block;
+  // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
+  // order of one block per (entry, group, chunk).
+  const dim3 blocks(p.H / p.G / p.heads_per_block, p.G, p.batch);
   const bool one_launch = verify_in_one_launch(p);
   auto run = [&](auto kernel, int windows) {
     const size_t smem = verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode, one_launch);
