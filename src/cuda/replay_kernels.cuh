@@ -810,6 +810,64 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
 }
 
+// d += A B for one m16n8k16 step in bf16 (A: 16 x 16 rows, B: 16 x 8 columns, d: fp32).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&q)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+               : "r"(smem_addr));
+}
+
+// Two fp32 values rounded to bf16 (round to nearest even), packed low-first; each value is left
+// holding what the rounding dropped (exact in fp32).
+__device__ __forceinline__ uint32_t bf16x2_split(float& lo, float& hi) {
+  const __nv_bfloat16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
+  lo -= __bfloat162float(a);
+  hi -= __bfloat162float(b);
+  return uint32_t(__bfloat16_as_ushort(a)) | (uint32_t(__bfloat16_as_ushort(b)) << 16);
+}
+
+// The ring term of a 16-row tile at W > 1 on the tensor cores, bf16 activations:
+//   d[r][j] += sum_{k < m} x_k[r0 + r] w_jk
+// A = the staged x (entry-major rows [k][p], read transposed by ldmatrix: exact in bf16); B = w
+// split into three bf16 parts (hi + mid + lo carry an fp32 value's 24 significant bits), so every
+// product is exact and only the fp32 summation order differs from the FMA loop's. Lane (g, t)
+// gets rows (g, g + 8) x columns (2t, 2t + 1), the layout of mma_tile's d. Entries past m are
+// zero in w, and their staged x rows must be finite (verify_kernel zeroes them once). Needs the
+// staged x to hold whole 16-entry steps (history a multiple of 16); the whole warp takes part.
+template <int kW>
+__device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, int r0,
+                                              const float* w, int L, int m, float (&d)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int k0 = 0; k0 < m; k0 += 16) {
+    // ldmatrix.trans: lane l gives the address of entry k0 + (l & 7) (+ 8 for l >= 16), rows
+    // r0 (+ 8 for l & 8): matrices (rows 0-7, entries 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+    uint32_t a[4];
+    ldmatrix_x4_trans(
+        a, static_cast<uint32_t>(__cvta_generic_to_shared(
+               xs + (k0 + (lane & 7) + ((lane & 16) >> 1)) * x_pitch + r0 + (lane & 8))));
+    // Column j = g of B holds w_jk at k = k0 + 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = k0 + 2 * t + (i & 1) + 4 * (i & 2);
+      v[i] = g < kW && k < m ? w[g * L + k] : 0.f;
+    }
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      const uint32_t b0 = bf16x2_split(v[0], v[1]), b1 = bf16x2_split(v[2], v[3]);
+      mma_bf16_16816(d, a, b0, b1);
+    }
+  }
+}
+
 // Codes 2 and 3 (hi) or 0 and 1 of a register of four 8-bit codes as an fp16 pair.
 template <Mode kMode>
 __device__ __forceinline__ uint32_t code8x2_f16x2(uint32_t q, bool hi) {
@@ -997,6 +1055,18 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // The 16-byte vectors of a unit's code rows and x rows.
   const XCopy cc = XCopy::make(vs.code_bytes / 16),
               xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
+  // W > 1 on the tensor cores with bf16 activations: the ring term on the tensor cores too
+  // (ring_term_mma), which reads whole 16-entry steps of the staged x: rows m.. of every stage are
+  // zeroed once (the copies write rows < m only), so that they add 0 x 0.
+  const bool ring_mma = kMma && kW > 1 && sizeof(ActT) == 2 && !p.act_f16 && L % 16 == 0;
+  if (ring_mma) {
+    for (int s = 0; s < kStages; ++s) {
+      uint16_t* x0 = reinterpret_cast<uint16_t*>(vs.view(stages + s * vs.bytes).ring_x);
+      for (int i = m * vs.x_pitch + int(threadIdx.x); i < L * vs.x_pitch; i += blockDim.x)
+        x0[i] = 0;
+    }
+    __syncthreads();  // before any copy lands in a stage
+  }
   auto issue = [&](int u) {
     issue_unit<kMode, ActT>(p, sec, after, vs, cc, xc, stages + (u % kStages) * vs.bytes, b,
                             h0 + unit_head(u), unit_row0(u), m);
@@ -1239,17 +1309,24 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
           }
         } else {
           // Values q = (row r_lo, r_hi) x (window 2 tq, 2 tq + 1): each entry's x of the two rows
-          // and w of the two windows are read once for the four sums (entries in logical order).
+          // and w of the two windows are read once for the four sums (entries in logical order),
+          // or, with bf16 activations, the ring term comes from the tensor cores (whole warp).
           const int j0 = 2 * tq, buf = (h - h0) & 1;  // this head's weights (form_head_weights)
+          float ring[4] = {0.f, 0.f, 0.f, 0.f};
+          if constexpr (sizeof(ActT) == 2)
+            if (ring_mma)
+              ring_term_mma<kW>(reinterpret_cast<const uint16_t*>(xs), vs.x_pitch, tile * 16,
+                                sm.w + buf * kW * L, L, m, ring);
           if (j0 < kW) {  // else no window column here (the arrays hold kW of them)
             float acc[4];
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
               const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
-              acc[q] = sm.dec[buf * kW + j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]);
+              acc[q] =
+                  sm.dec[buf * kW + j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]) + ring[q];
             }
             const float* w0 = sm.w + (buf * kW + j0) * L;
-            for (int k = 0; k < m; ++k) {
+            for (int k = 0; !ring_mma && k < m; ++k) {
               const float x_lo = act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
               const float x_hi = act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
               const float wa = w0[k], wb = w0[L + k];
