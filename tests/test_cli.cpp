@@ -336,28 +336,37 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   EXPECT_FALSE(j["cold_cache"].get<bool>());
   EXPECT_NE(run("bench --e2e --backend cpu --model tiny --cold-l2").code, 0);
 
-  // --stagger: slot b starts b mod history entries into its ring. History 4, batch 4, W = 1,
-  // 8 steps: the aligned slots each flush once (committed counts read 0,1,2,3,4,1,2,3); staggered,
-  // slots 1-3 flush twice and read 4 more committed entries each (sums 16, 20, 20, 20). Each extra
-  // flush reads and writes the fp32 recurrence checkpoint instead of reading it: 16384 more bytes;
-  // an entry is x, B and delta: 4 x 16 x 2 + 2 x 64 x 2 + 4 x 4 = 400 bytes.
+  // --phases: spread (the default) starts slot b b mod history entries into its ring; lockstep
+  // starts every ring empty. History 4, batch 4, W = 1, 8 steps: in lockstep the slots each
+  // flush once (committed counts read 0,1,2,3,4,1,2,3); spread, slots 1-3 flush twice and read 4
+  // more committed entries each (sums 16, 20, 20, 20). Each extra flush reads and writes the fp32
+  // recurrence checkpoint instead of reading it: 16384 more bytes; an entry is x, B and delta:
+  // 4 x 16 x 2 + 2 x 64 x 2 + 4 x 4 = 400 bytes.
   const std::string small =
       "bench --backend cpu --shape 4,16,64,2 --batches 4 --history 4 --windows 1 --modes fp32 "
       "--repeats 1 --flush-cycles 2 -o json";
-  const Result aligned = run(small), staggered = run(small + " --stagger");
-  ASSERT_EQ(aligned.code, 0) << aligned.err;
-  ASSERT_EQ(staggered.code, 0) << staggered.err;
-  const nlohmann::json ja = nlohmann::json::parse(aligned.out),
-                       js = nlohmann::json::parse(staggered.out);
-  EXPECT_FALSE(ja["staggered"].get<bool>());
-  EXPECT_TRUE(js["staggered"].get<bool>());
+  const Result spread = run(small), lockstep = run(small + " --phases lockstep");
+  ASSERT_EQ(spread.code, 0) << spread.err;
+  ASSERT_EQ(lockstep.code, 0) << lockstep.err;
+  const nlohmann::json js = nlohmann::json::parse(spread.out),
+                       jl = nlohmann::json::parse(lockstep.out);
+  EXPECT_EQ(js["phases"], "spread");
+  EXPECT_EQ(jl["phases"], "lockstep");
   ASSERT_EQ(js["rows"].size(), 3u);
   ASSERT_EQ(js["rows"][2]["name"], "replay fp32");
   EXPECT_TRUE(std::isfinite(js["rows"][2]["us_per_step"].get<double>()));
   EXPECT_EQ(js["rows"][2]["modelled_bytes_per_step"].get<double>() -
-                ja["rows"][2]["modelled_bytes_per_step"].get<double>(),
+                jl["rows"][2]["modelled_bytes_per_step"].get<double>(),
             (3 * 16384.0 + 12 * 400.0) / 8);
-  EXPECT_NE(run("bench --e2e --backend cpu --model tiny --stagger").code, 0);
+  const Result spread_named = run(small + " --phases spread");
+  ASSERT_EQ(spread_named.code, 0) << spread_named.err;
+  const nlohmann::json jn = nlohmann::json::parse(spread_named.out);
+  EXPECT_EQ(jn["phases"], "spread");
+  EXPECT_EQ(jn["rows"][2]["modelled_bytes_per_step"], js["rows"][2]["modelled_bytes_per_step"]);
+  const Result bad = run(small + " --phases sometimes");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--phases"), std::string::npos) << bad.err;
+  EXPECT_NE(run("bench --e2e --backend cpu --model tiny --phases lockstep").code, 0);
 }
 
 // bench --e2e on the CPU with the tiny preset: one row per configuration in order, every number

@@ -52,7 +52,11 @@ struct BenchArgs {
   std::string backend = "auto";
   bool check = false;
   bool cold_cache = false;  // scrub the caches before every timed step
-  bool stagger = false;     // spread the slots' flush phases (slot b starts b % history entries in)
+  // The slots' flush phases: "spread" (slot b starts b % history entries into its ring, as
+  // requests that arrived at different times are) or "lockstep" (every ring starts empty).
+  std::string phases = "spread";
+  bool phases_given = false;  // --phases on the command line (refused with --e2e)
+  bool spread() const { return phases == "spread"; }
   std::string format = "md";
   // --e2e: the whole model, batch 1.
   bool e2e = false;
@@ -190,11 +194,12 @@ Row bench_replay(Context& cx, int batch, Mode mode, int W) {
     cache.prefill(slots.view(), prompt.x.view(), prompt.B.view(), prompt.C.view(), prompt.dt.view(),
                   y.view());
   }
-  // --stagger: slot b decodes b % L tokens before the timed run (pre-step k decodes the slots
-  // with b % L >= k), so at W = 1 about batch / L slots flush per step, as when requests arrive
-  // at different times; otherwise every slot starts with an empty ring and all flush together.
+  // --phases spread: slot b decodes b % L tokens before the timed run (pre-step k decodes the
+  // slots with b % L >= k), so at W = 1 about batch / L slots flush per step, as when requests
+  // arrive at different times; lockstep: every slot starts with an empty ring and all flush
+  // together.
   std::vector<SlotCursors> start(size_t(batch), fresh_cursors(0));
-  for (int k = 1; cx.args.stagger && k < L; ++k) {
+  for (int k = 1; cx.args.spread() && k < L; ++k) {
     std::vector<int32_t> sub;
     for (int b = 0; b < batch; ++b)
       if (b % L >= k) {
@@ -351,7 +356,7 @@ void print_header(const BenchArgs& a, const Context& cx) {
         "bandwidth {:.0f} GB/s (read + write)\n\n",
         backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
         cx.shape.ngroups, a.history, acceptance, a.repeats,
-        std::string(a.stagger ? ", flush phases staggered" : "") +
+        std::string(a.spread() ? ", flush phases spread" : ", flush phases in lockstep") +
             (a.cold_cache ? ", caches scrubbed before every step" : ""),
         cx.copy_gbs);
     fmt::print(
@@ -405,7 +410,7 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                  {"accept_rate", cx.accept_rate},
                  {"copy_gb_per_s", cx.copy_gbs},
                  {"cold_cache", a.cold_cache},
-                 {"staggered", a.stagger},
+                 {"phases", a.phases},
                  {"rows", out}}
                  .dump(2));
 }
@@ -480,7 +485,7 @@ void run_e2e(const BenchArgs& a) {
         "bench --e2e builds a whole model from a preset: use --model, not --shape");
   check(!a.cold_cache, "bench --e2e: --cold-l2 is for layer steps (a whole model evicts the ",
         "caches by itself)");
-  check(!a.stagger, "bench --e2e: --stagger is for layer steps (a model's requests share one ",
+  check(!a.phases_given, "bench --e2e: --phases is for layer steps (a model's requests share one ",
         "prompt here)");
   check(a.prompt_len >= 1 && a.new_tokens >= 1, "bench --e2e: --prompt-len and --new-tokens must ",
         "be positive");
@@ -626,9 +631,12 @@ void register_bench(CLI::App& app) {
   b->add_flag("--cold-l2", args->cold_cache,
               "scrub the caches before every step and time the steps alone (the other layers "
               "of a model evict the L2 between a layer's steps in service)");
-  b->add_flag("--stagger", args->stagger,
-              "spread the slots' flush phases (slot b starts b mod history entries into its ring), "
-              "as in service, instead of every slot flushing on the same steps");
+  b->add_option("--phases", args->phases,
+                "the slots' flush phases: spread (slot b starts b mod history entries into its "
+                "ring, as in service) or lockstep (every slot flushes on the same steps)")
+      ->check(CLI::IsMember({"spread", "lockstep"}))
+      ->capture_default_str()
+      ->each([args](const std::string&) { args->phases_given = true; });
   b->add_option("-o,--output", args->format, "md (default), json or csv")
       ->check(CLI::IsMember({"md", "json", "csv"}));
   b->add_flag("--e2e", args->e2e,
