@@ -378,11 +378,13 @@ class CudaBackend final : public CacheBackend {
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
     flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 2));       // zeroed
     flush_entries_.reset(device_alloc<cuda::FlushEntry>(size_t(batch)));
+    verify_entries_.reset(device_alloc<cuda::FlushEntry>(size_t(batch)));
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.arrivals = flush_list_.get() + 1;
     base_.flush_done = flush_list_.get() + 1 + batch;
     base_.flush_list = flush_entries_.get();
+    base_.entries = verify_entries_.get();
   }
 
   struct Staging {
@@ -464,6 +466,7 @@ class CudaBackend final : public CacheBackend {
   // counter of flush_kernel; and the listed flushing entries [batch]
   DevicePtr<int32_t> flush_list_;
   DevicePtr<cuda::FlushEntry> flush_entries_;
+  DevicePtr<cuda::FlushEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once

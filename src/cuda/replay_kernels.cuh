@@ -99,7 +99,10 @@ struct ReplayParams {
   int32_t* flush_count;    // 0 before the validate kernel (flush_kernel's last block clears it)
   int32_t* flush_done;     // flush_kernel blocks finished so far (0 between launches)
   int32_t* arrivals;       // [B] verify blocks of each entry done so far (0 between verifies)
-  int heads_per_block;     // verify_kernel: heads of one group per block
+  // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
+  // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
+  FlushEntry* entries;
+  int heads_per_block;  // verify_kernel: heads of one group per block
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
   int at;
@@ -1019,10 +1022,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
   const int b = blockIdx.z, g = blockIdx.y;
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
-  const int slot = p.slots[b];
-  if (slot < 0) return;  // padding
-  bool folded = false;   // one launch: this kernel flushed the entry (then ring B: finish_verify)
+  int slot;
+  SlotCursors after;    // the cursors of this verify (flushed below where the entry must flush)
+  bool folded = false;  // one launch: this kernel flushed the entry (then ring B: finish_verify)
   if constexpr (kOneLaunch) {
+    slot = p.slots[b];
+    if (slot < 0) return;                                                   // padding
     if (!entry_valid<ActT>(p, b, slot, blockIdx.x == 0 && g == 0)) return;  // uniform
     // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
     // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
@@ -1031,11 +1036,16 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     folded = verify_needs_flush(before, W, L);  // then c > 0, since W <= L / 2
     if (folded)
       verify_flush_heads<kMode, ActT>(p, slot, before, h0, reinterpret_cast<float*>(smem_raw));
-  } else if (!slot_ok(p, b)) {
-    return;  // invalid: uniform over the block
+    after = before;
+  } else {
+    // Both loads in flight together; the entry is used only when its status words are all 0
+    // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
+    const FlushEntry e = p.entries[b];
+    if (!slot_ok(p, b)) return;  // invalid: uniform over the block
+    slot = e.slot;
+    after = e.cursors;
   }
   const SlotSections sec = slot_sections(p.geo, slot);
-  SlotCursors after = p.cursors[slot];
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
   const int c = after.committed, m = c + W;
   // The 8/4-bit read modes read out on the tensor cores, the others on FFMA with Cr_j in

@@ -32,10 +32,14 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
     }
     return;
   }
-  // flush_kernel checks the status words (every part's scan) before it writes anything.
-  if (p.list_flushes && part == 0 && threadIdx.x == 0 && verify_needs_flush(cur, p.tokens, p.L) &&
-      cur.committed > 0)
-    p.flush_list[atomicAdd(p.flush_count, 1)] = FlushEntry{cur, b, slot};
+  // flush_kernel and verify_kernel check the status words (every part's scan) before they use
+  // the entry.
+  if (part == 0 && threadIdx.x == 0) {
+    const FlushEntry entry{cur, b, slot};
+    p.entries[b] = entry;
+    if (p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) && cur.committed > 0)
+      p.flush_list[atomicAdd(p.flush_count, 1)] = entry;
+  }
   const int bad = __syncthreads_or(local);
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;
