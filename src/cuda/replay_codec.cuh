@@ -186,21 +186,10 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
                                               uint16_t (&out)[8]) {
   int saturated = 0;
   const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
-  if constexpr (kShortSr) {
-    float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      out[k] = f32_to_f16_sr_fast(v[k], sr_random(draw, k), sr.bits);
-      magnitude = fmaxf(magnitude, fabsf(v[k]));
-    }
-    if (magnitude > 65504.f)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) saturated += fabsf(v[k]) > 65504.f ? 1 : 0;
-    return saturated;
-  }
-  // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare.
-  const bool fast = sr.bits <= kSrFastMaxBits;
-  float magnitude = 0.f;
+  // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare. With
+  // kShortSr the condition is a constant and the long form is not compiled.
+  const bool fast = kShortSr || sr.bits <= kSrFastMaxBits;
+  float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float x = v[k];
