@@ -434,9 +434,20 @@ inline constexpr int kFlushThreads = 128;
 // Aiming at 4 blocks per SM (128 registers, no spills, 2 or 4 rows) was slower in every mode
 // measured: the kernel is instruction-bound and 16 warps per SM issue less than 24 (separate-fp8
 // W=8 batch 64 200.2 -> 204.0 / 202.1 us, separate-nvfp4 259.4 -> 273.1 / 276.3;
-// bench/results/2026-11-30-h200-session8.md).
-constexpr int flush_rows(Mode mode) { return uses_stochastic_rounding(mode) ? 2 : kStepRows; }
-constexpr int flush_min_blocks(Mode mode) { return uses_stochastic_rounding(mode) ? 6 : 5; }
+// bench/results/2026-11-30-h200-session8.md). That was in lockstep, where every slot flushes in
+// the same step. With the slots' flush phases spread, as in service, a W = 1 step flushes a few
+// entries whose items fit in one round, and the step waits for one item's chain of row groups:
+// separate-fp8 at 4 rows and 4 blocks (two row groups per item instead of four) took W = 1 batch 64
+// from 69.4 to 61.6 us and was even elsewhere (W = 8 186.6 / 186.7, lockstep W = 1 55.5 / 55.2);
+// separate-nvfp4, whose second encoder is heavier, gained at W = 1 batch 64 (88.9 -> 79.6) but
+// lost at W = 8 (242.4 -> 263.1) and batch 256 (267.7 -> 274.1) and keeps 2 rows
+// (bench/results/2026-11-30-h200-session12.md). fp16-sr was not measured and keeps 2.
+constexpr int flush_rows(Mode mode) {
+  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 2 : kStepRows;
+}
+constexpr int flush_min_blocks(Mode mode) {
+  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 6 : 5;
+}
 
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
