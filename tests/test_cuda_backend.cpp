@@ -381,19 +381,25 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     const TensorView ds = dview(dslots.ptr, DType::i32, {B});
     double worst_y_read = 0, worst_y_flush = 0, worst_ckpt = 0;
     size_t mismatched = 0, code_bytes = 0;
-    for (int step = 0; step < 40; ++step) {
+    int mixed_w1_steps = 0;  // W = 1 steps in which some slots flush and others do not
+    for (int step = 0; step < 52; ++step) {
       for (int b = 0; b < B; ++b) {  // CPU := GPU
         const std::vector<uint8_t> image = gpu.export_slot(b);
         cpu.release(b);
         cpu.import_slot(b, image);
       }
-      const int W = step < 20 ? 1 : 1 + int(rng() % 8);  // autoregressive, then speculative
+      // Autoregressive with every slot at the same phase, speculative (the accepted counts
+      // spread the phases), then autoregressive with a few slots flushing in each step, whose
+      // verify blocks alone wait for the flush (ReplayParams::overlap_flush).
+      const int W = step < 12 || step >= 32 ? 1 : 1 + int(rng() % 8);
       Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
       DeviceTokens dt(shape, tk);
       std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
       std::vector<bool> flushes(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b)
         flushes[b] = cpu.impl().read_slot(slots[b]).cursors.committed + W > cfg.history;
+      const long flushing = std::count(flushes.begin(), flushes.end(), true);
+      if (W == 1 && flushing > 0 && flushing < B) ++mixed_w1_steps;
       cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
                  host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
       gpu.verify(ds, dt.vx(shape, DType::bf16), dt.vB(shape, DType::bf16),
@@ -436,6 +442,7 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
       }
     }
     EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
+    EXPECT_GT(mixed_w1_steps, 0) << mode_name(mode);
     const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
     EXPECT_LT(frac, 1e-2) << mode_name(mode);
     std::printf(

@@ -206,6 +206,14 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// Lets the kernel launched dependent on this one start before this grid completes (once every
+// block has called it or exited); it still waits in wait_for_previous_grid() for what it reads.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <typename... KernelArgs, typename... Args>
 void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args... args) {

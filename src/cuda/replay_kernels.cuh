@@ -86,7 +86,11 @@ struct ReplayParams {
   DType y_dtype;
   bool list_flushes;   // verify: validate_tokens lists the entries that flush
   bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
-  bool act_f16;        // 16-bit activations are fp16 (else bf16)
+  // verify (not one-launch), launched dependent on flush_kernel: the flush lets it start at
+  // once, and only the blocks of flushing entries (and block 0, so that the verify grid cannot
+  // complete first) wait for it; the others read nothing the flush writes (docs/cuda.md)
+  bool overlap_flush;
+  bool act_f16;  // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
   int lanes_per_row;       // N / 8
   FastDiv by_heads;        // item / H: the batch entry of a flush item (entry, head)
@@ -500,9 +504,10 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 template <Mode kMode, typename ActT, bool kShortSr>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     flush_kernel(const ReplayParams p) {
-  wait_for_previous_grid();  // launched dependent on validate_tokens at small batches
+  wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
+  if (p.overlap_flush) allow_dependent_launch();  // the verify: see ReplayParams::overlap_flush
   // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
   // that clears the count; the grid then exits without its same-address atomics.
   if (items == 0) return;
@@ -1026,7 +1031,9 @@ template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVarian
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
-  wait_for_previous_grid();  // launched dependent on the kernel before it at small batches
+  // Launched dependent on the kernel before it; with overlap_flush most blocks wait only below.
+  if (kOneLaunch || !p.overlap_flush || (blockIdx.x | blockIdx.y | blockIdx.z) == 0)
+    wait_for_previous_grid();
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
@@ -1055,6 +1062,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     if (!slot_ok(p, b)) return;  // invalid: uniform over the block
     slot = e.slot;
     after = e.cursors;
+    // validate_tokens completed before any flush block got past its wait, so the status words
+    // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
+    if (p.overlap_flush && verify_needs_flush(after, W, L)) wait_for_previous_grid();
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
