@@ -382,8 +382,8 @@ class CudaBackend final : public CacheBackend {
     if (batch <= flush_list_capacity_) return;
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
     flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 2));       // zeroed
-    flush_entries_.reset(device_alloc<cuda::FlushEntry>(size_t(batch)));
-    verify_entries_.reset(device_alloc<cuda::FlushEntry>(size_t(batch)));
+    flush_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
+    verify_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.arrivals = flush_list_.get() + 1;
@@ -469,8 +469,8 @@ class CudaBackend final : public CacheBackend {
   // [2 + batch]: the flush count, the arrival counters of verify_kernel, the finished-block
   // counter of flush_kernel; and the listed flushing entries [batch]
   DevicePtr<int32_t> flush_list_;
-  DevicePtr<cuda::FlushEntry> flush_entries_;
-  DevicePtr<cuda::FlushEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
+  DevicePtr<cuda::ValidatedEntry> flush_entries_;
+  DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once

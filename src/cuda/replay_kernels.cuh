@@ -61,10 +61,12 @@ __device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int3
   atomicAdd(&err->count, 1);
 }
 
-// A listed flushing entry with what its validation read, so that a flush item needs one
-// dependent load (this) before its checkpoint and ring loads instead of list -> slot -> cursors.
-struct FlushEntry {
-  SlotCursors cursors;  // as validated (no kernel between validation and flush changes them)
+// A batch entry with what validate_tokens read for it: every entry's in ReplayParams::entries
+// (the chained verify), the flushing ones' also in the flush list. A flush item or a verify
+// block then needs one dependent load (this) before its checkpoint and ring loads instead of
+// slots[b] -> cursors[slot].
+struct ValidatedEntry {
+  SlotCursors cursors;  // as validated (no kernel between validation and verify changes them)
   int32_t b;            // batch entry (its status words)
   int32_t slot;
 };
@@ -99,13 +101,13 @@ struct ReplayParams {
   PhiloxKeys10 keys10;  // philox_keys10(key)
   int sr_bits, philox_rounds;
   HeadParams head;
-  FlushEntry* flush_list;  // [B] entries that flush (listed by the validate kernels)
-  int32_t* flush_count;    // 0 before the validate kernel (flush_kernel's last block clears it)
-  int32_t* flush_done;     // flush_kernel blocks finished so far (0 between launches)
-  int32_t* arrivals;       // [B] verify blocks of each entry done so far (0 between verifies)
+  ValidatedEntry* flush_list;  // [B] entries that flush (listed by the validate kernels)
+  int32_t* flush_count;        // 0 before the validate kernel (flush_kernel's last block clears it)
+  int32_t* flush_done;         // flush_kernel blocks finished so far (0 between launches)
+  int32_t* arrivals;           // [B] verify blocks of each entry done so far (0 between verifies)
   // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
-  FlushEntry* entries;
+  ValidatedEntry* entries;
   int heads_per_block;  // verify_kernel: heads of one group per block
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
@@ -513,7 +515,7 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   if (items == 0) return;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int listed = int(p.by_heads.div(item));
-    const FlushEntry e = p.flush_list[listed];
+    const ValidatedEntry e = p.flush_list[listed];
     flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, e.slot, e.cursors, item - listed * p.H,
                                                          reinterpret_cast<float*>(smem_raw), e.b);
     __syncthreads();
@@ -1058,7 +1060,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   } else {
     // Both loads in flight together; the entry is used only when its status words are all 0
     // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
-    const FlushEntry e = p.entries[b];
+    const ValidatedEntry e = p.entries[b];
     if (!slot_ok(p, b)) return;  // invalid: uniform over the block
     slot = e.slot;
     after = e.cursors;

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
   // flush_kernel and verify_kernel check the status words (every part's scan) before they use
   // the entry.
   if (part == 0 && threadIdx.x == 0) {
-    const FlushEntry entry{cur, b, slot};
+    const ValidatedEntry entry{cur, b, slot};
     p.entries[b] = entry;
     if (p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) && cur.committed > 0)
       p.flush_list[atomicAdd(p.flush_count, 1)] = entry;
@@ -62,7 +62,7 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
   for (int i = 0; i < kValidateSplit; ++i) p.status[b * kValidateSplit + i] = st;
   if (st == 0) {
     const SlotCursors cur = p.cursors[slot];
-    if (cur.committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = FlushEntry{cur, b, slot};
+    if (cur.committed > 0) p.flush_list[atomicAdd(p.flush_count, 1)] = ValidatedEntry{cur, b, slot};
   }
 }
 
