@@ -390,7 +390,7 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
       }
       // Autoregressive with every slot at the same phase, speculative (the accepted counts
       // spread the phases), then autoregressive with a few slots flushing in each step, whose
-      // verify blocks alone wait for the flush (ReplayParams::overlap_flush).
+      // verify blocks alone wait for the flush (verify_kernel).
       const int W = step < 12 || step >= 32 ? 1 : 1 + int(rng() % 8);
       Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
       DeviceTokens dt(shape, tk);

@@ -259,14 +259,13 @@ class CudaBackend final : public CacheBackend {
       // Flush and verify are launched dependent on the kernel before them (cuda_common.cuh).
       // Small batches are a chain of short kernels whose launch latency shows (H200: about 1 us
       // of the 15-16 us of a batch-1 step). At every batch the flush lets the verify start at
-      // once, and only the verify blocks of flushing entries wait for it (overlap_flush): with
+      // once, and only the verify blocks of flushing entries wait for it (verify_kernel): with
       // the slots' flush phases spread, as in service, the few flushing entries' items and the
       // other entries' readout share the GPU (H200, session 12, spread, batch 64: separate-nvfp4
       // W = 1 87.4 -> 81.2 us, W = 8 234.0 -> 227.9, separate-fp8 W = 8 185.7 -> 181.0, batch
       // 256 W = 1 203.4 -> 197.5; separate-fp8 W = 1 batch 64 60.5 -> 61.5).
       cuda::LaunchConfig chained = lc;
       chained.dependent = true;
-      p.overlap_flush = !one_launch;
       if (!one_launch) cuda::ModeLaunchers<kMode>::flush(p, chained);
       cuda::ModeLaunchers<kMode>::verify(p, chained);  // ends with the ring B append, cursors
     });

@@ -88,11 +88,7 @@ struct ReplayParams {
   DType y_dtype;
   bool list_flushes;   // verify: validate_tokens lists the entries that flush
   bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
-  // verify (not one-launch), launched dependent on flush_kernel: the flush lets it start at
-  // once, and only the blocks of flushing entries (and block 0, so that the verify grid cannot
-  // complete first) wait for it; the others read nothing the flush writes (docs/cuda.md)
-  bool overlap_flush;
-  bool act_f16;  // 16-bit activations are fp16 (else bf16)
+  bool act_f16;        // 16-bit activations are fp16 (else bf16)
   int H, P, N, G, L;
   int lanes_per_row;       // N / 8
   FastDiv by_heads;        // item / H: the batch entry of a flush item (entry, head)
@@ -509,7 +505,10 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
   const int items = *p.flush_count * p.H;
-  if (p.overlap_flush) allow_dependent_launch();  // the verify: see ReplayParams::overlap_flush
+  // The chained verify after it may start now: only its blocks of flushing entries wait for this
+  // grid (verify_kernel). After an explicit flush the next kernel is a plain launch, which this
+  // does not affect.
+  allow_dependent_launch();
   // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
   // that clears the count; the grid then exits without its same-address atomics.
   if (items == 0) return;
@@ -1033,9 +1032,11 @@ template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVarian
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
-  // Launched dependent on the kernel before it; with overlap_flush most blocks wait only below.
-  if (kOneLaunch || !p.overlap_flush || (blockIdx.x | blockIdx.y | blockIdx.z) == 0)
-    wait_for_previous_grid();
+  // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
+  // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
+  // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
+  // this grid cannot complete before the flush and whatever follows in the stream sees both.
+  if (kOneLaunch || (blockIdx.x | blockIdx.y | blockIdx.z) == 0) wait_for_previous_grid();
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
@@ -1066,7 +1067,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     after = e.cursors;
     // validate_tokens completed before any flush block got past its wait, so the status words
     // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
-    if (p.overlap_flush && verify_needs_flush(after, W, L)) wait_for_previous_grid();
+    if (verify_needs_flush(after, W, L)) wait_for_previous_grid();
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
