@@ -345,22 +345,18 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
-// A batch large enough that verify_kernel serves several heads of a group per block (the chunk
-// grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
-// gives 4 heads per block; 8 at W = 1, whose 384 blocks run as VerifyVariant::chained_wide, one
-// wave at 4 blocks per SM), which the small batches above never reach.
+// Steps of a batch of B slots (every slot opened); window_of(step, rng) gives the step's window.
 // The readout and the flush are checked apart: before every step the CPU cache is made a copy of
 // the GPU's (export/import), so the outputs of slots that do not flush in the step depend on
 // identical checkpoints and must agree to fp32 summation order (2e-5), whatever the mode. Slots
 // that flush in the step read checkpoints just encoded on each side from fp32 values that differ
 // in the last bits, so a value next to a rounding boundary can take the neighbouring code; those
 // outputs get the sequence tolerance, and the codes written by the step's flushes are counted.
-TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
-  SKIP_WITHOUT_DEVICE();
-  const SsmShape shape{16, 16, 64, 2};
-  const int B = 192;
+template <typename WindowOf>
+void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps, WindowOf window_of,
+                             bool expect_mixed_w1) {
   const size_t per_token = size_t(shape.nheads) * shape.headdim;
-  for (Mode mode : {Mode::fp32, Mode::separate_fp8, Mode::separate_nvfp4}) {
+  {
     std::mt19937_64 rng(4242 + int(mode));
     const LayerParams params = random_params(shape, rng);
     CacheConfig cfg;
@@ -382,16 +378,13 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     double worst_y_read = 0, worst_y_flush = 0, worst_ckpt = 0;
     size_t mismatched = 0, code_bytes = 0;
     int mixed_w1_steps = 0;  // W = 1 steps in which some slots flush and others do not
-    for (int step = 0; step < 52; ++step) {
+    for (int step = 0; step < steps; ++step) {
       for (int b = 0; b < B; ++b) {  // CPU := GPU
         const std::vector<uint8_t> image = gpu.export_slot(b);
         cpu.release(b);
         cpu.import_slot(b, image);
       }
-      // Autoregressive with every slot at the same phase, speculative (the accepted counts
-      // spread the phases), then autoregressive with a few slots flushing in each step, whose
-      // verify blocks alone wait for the flush (verify_kernel).
-      const int W = step < 12 || step >= 32 ? 1 : 1 + int(rng() % 8);
+      const int W = window_of(step, rng);
       Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
       DeviceTokens dt(shape, tk);
       std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
@@ -442,13 +435,44 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
       }
     }
     EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
-    EXPECT_GT(mixed_w1_steps, 0) << mode_name(mode);
+    if (expect_mixed_w1) {
+      EXPECT_GT(mixed_w1_steps, 0) << mode_name(mode);
+    }
     const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
     EXPECT_LT(frac, 1e-2) << mode_name(mode);
     std::printf(
-        "[cuda-vs-cpu] large batch mode %s: worst y rel %.3g (no flush in the step) %.3g (flush), "
+        "[cuda-vs-cpu] batch %d mode %s: worst y rel %.3g (no flush in the step) %.3g (flush), "
         "worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
-        mode_name(mode), worst_y_read, worst_y_flush, worst_ckpt, frac);
+        B, mode_name(mode), worst_y_read, worst_y_flush, worst_ckpt, frac);
+  }
+}
+
+// A batch large enough that verify_kernel serves several heads of a group per block (the chunk
+// grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
+// gives 4 heads per block; 8 at W = 1, whose 384 blocks are one wave at 4 blocks per SM:
+// VerifyVariant::chained_direct for separate-fp8, chained_wide for separate-nvfp4), which the
+// small batches above never reach.
+TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  // Autoregressive with every slot at the same phase, speculative (the accepted counts spread
+  // the phases), then autoregressive with a few slots flushing in each step, whose verify blocks
+  // alone wait for the flush (verify_kernel).
+  auto window = [](int step, std::mt19937_64& rng) {
+    return step < 12 || step >= 32 ? 1 : 1 + int(rng() % 8);
+  };
+  for (Mode mode : {Mode::fp32, Mode::separate_fp8, Mode::separate_nvfp4})
+    check_steps_against_cpu({16, 16, 64, 2}, 192, mode, 52, window, true);
+}
+
+// Decode steps (W = 1) of batches above the one-launch limit whose 8-bit checkpoints are read
+// out by VerifyVariant::chained_direct at the presets' headdim and dstate (4 tiles per head,
+// 2 and 4 column blocks per row; the shape above has one), across two flushes.
+TEST(CudaBackend, DirectReadoutMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto decode = [](int, std::mt19937_64&) { return 1; };
+  for (Mode mode : {Mode::shared_fp8, Mode::shared_int8, Mode::separate_fp8}) {
+    check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 36, decode, false);
+    check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 20, decode, false);
   }
 }
 

@@ -134,6 +134,9 @@ class CudaBackend final : public CacheBackend {
           std::max(smem_verify_, cuda::StepSmem::bytes(config.history, N, windows, group_heads,
                                                        has_bf16_readout(config.mode)) +
                                      cuda::verify_stages(windows) * verify_stage_bytes_);
+    if (cuda::verify_direct_ok(config.mode, shape.headdim, N))
+      smem_verify_ = std::max(
+          smem_verify_, cuda::verify_direct_smem(config.history, N, shape.headdim, group_heads));
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);
     check(entries_per_lane_ <= 2, "cuda backend: history ", config.history, " with dstate ", N,
@@ -150,7 +153,7 @@ class CudaBackend final : public CacheBackend {
     ensure_flush_list(config.num_slots);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config.mode, [&]<Mode kMode>() {
-      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, group_heads);
+      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, shape.headdim, group_heads);
     });
     // The slot kernels, shared by the modes.
     cuda::load_kernel(cuda::commit_kernel);

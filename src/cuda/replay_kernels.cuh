@@ -772,8 +772,11 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t.
 // 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
 // nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them.
-template <Mode kMode>
+// Direct (DirectReader): lane t loads bytes 16t.. of every 64-byte block of its rows, whose
+// register r (4 columns) feeds k-step 4 * block + r.
+template <Mode kMode, bool kDirect = false>
 __device__ __forceinline__ int kslot_col(int s, int t, int half) {
+  if constexpr (kDirect) return 64 * (s / 4) + 16 * t + 4 * (s % 4) + 2 * half;
   if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + 4 * (s % 2) + 2 * half;
   return 16 * s + 4 * t + 2 * half;
 }
@@ -786,7 +789,7 @@ constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1F16Unscale :
 // B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
 // sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp 0; the caller
 // puts a barrier between this and the readout.
-template <Mode kMode>
+template <Mode kMode, bool kDirect = false>
 __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4, steps = N / 16;
@@ -795,7 +798,7 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
   if (g < W)
     for (int s = 0; s < steps; ++s)
       for (int half = 0; half < 2; ++half) {
-        const int col = kslot_col<kMode>(s, t, half);
+        const int col = kslot_col<kMode, kDirect>(s, t, half);
         amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + 1])));
       }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
@@ -805,7 +808,7 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
   for (int s = 0; s < steps; ++s) {
     uint2 frag = {0u, 0u};
     if (g < W) {
-      const int c0 = kslot_col<kMode>(s, t, 0), c1 = kslot_col<kMode>(s, t, 1);
+      const int c0 = kslot_col<kMode, kDirect>(s, t, 0), c1 = kslot_col<kMode, kDirect>(s, t, 1);
       const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + 1] * scale);
       const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + 1] * scale);
       frag = {*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
@@ -964,6 +967,166 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
   }
 }
 
+// ---- W = 1 tensor-core readout from registers (VerifyVariant::chained_direct) ---------------
+// The staged readout above spends most of a unit's instructions on the staging itself (cp.async
+// issue, barriers, the ring term per tile: about 270 of 365 per warp and unit, H200 session 10).
+// Here each lane loads its own A fragments from global memory: lane (g, t) reads bytes 16t..
+// 16t + 15 of every 64-byte block of rows g and g + 8 of a 16-row tile (the 4 lanes of a row
+// read 64 contiguous bytes), and k-step 4 * block + r takes register r of those 16 bytes
+// (kslot_col<kMode, true>: a permutation of K applied to C's fragments too). A warp walks its
+// tiles (tile w, w + 4, ... of the block's rows; heads are consecutive rows of the checkpoint)
+// with kDirectDepth 64-column pieces in flight, and needs no barrier. The ring term and the
+// per-row factor of the readout are formed before, for all rows of the block at once
+// (direct_ring_pass), into shared memory.
+inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
+inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
+
+// Whether a shape can take VerifyVariant::chained_direct: 8-bit codes (nvfp4 keeps the staged
+// readout), 16-row tiles, whole 64-column blocks, a power-of-two number of them per row.
+__host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
+  return has_bf16_readout(mode) && mode != Mode::separate_nvfp4 && P % 16 == 0 && N % 64 == 0 &&
+         ((N / 64) & (N / 64 - 1)) == 0;
+}
+
+struct DirectPiece {
+  uint4 lo, hi;  // 16 codes of rows g and g + 8 of one tile, one 64-column block
+};
+
+// Shared memory of the direct readout, after StepSmem: per row r of the block's heads
+//   gain[r] = exp(A L_i) * c_unscale * scale_r,   ring[r] = sum_{k < m} w_k x_k[r]
+// so that y[r] = gain[r] * (codes_r . C) + ring[r].
+struct DirectSmem {
+  float* gain;  // [heads_per_block * P]
+  float* ring;  // [heads_per_block * P]
+  __host__ __device__ static size_t bytes(int heads, int P) {
+    return 2 * size_t(heads) * P * sizeof(float);
+  }
+  __device__ static DirectSmem carve(uint8_t* base, int heads, int P) {
+    DirectSmem d;
+    d.gain = reinterpret_cast<float*>(base);
+    d.ring = d.gain + heads * P;
+    return d;
+  }
+};
+
+// verify_kernel's shared memory in VerifyVariant::chained_direct: no stages, the rows' gains and
+// ring terms instead.
+inline size_t verify_direct_smem(int L, int N, int P, int heads) {
+  return StepSmem::bytes(L, N, 1, heads, true) + DirectSmem::bytes(heads, P);
+}
+
+// The ring term and gains of the block's rows (heads h0.., `rows` = heads_per_block * P of them)
+// at W = 1. Rows go in vectors of 8 (of one head, P % 8 == 0); `split` adjacent lanes share a
+// vector (as many as the block has threads to spare, a power of two), lane j summing entries
+// j, j + split, ... before the lanes add their sums. The window's x (k = c) is read from the
+// ring, where this block wrote it before the barrier that precedes the call.
+template <Mode kMode, typename ActT>
+__device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const StepSmem& sm,
+                                                 const DirectSmem& ds, const SlotSections& sec,
+                                                 const SlotCursors& after, int h0, int m) {
+  const int P = p.P, L = p.L, vectors = p.heads_per_block * P / 8;
+  int split = 1;
+  while (split < 32 && 2 * split * vectors <= int(blockDim.x)) split *= 2;
+  const int j = threadIdx.x % split, per_pass = blockDim.x / split;
+  const int64_t entry_stride = int64_t(p.H) * P;  // ring x [L, H, P]
+  const ActT* x0 = static_cast<const ActT*>(sec.ring_x) + int64_t(h0) * P;
+  const float* scales = (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P;
+  for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
+    const int v = v0 + threadIdx.x / split, r0 = 8 * v;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (v < vectors) {
+      const float* w = sm.head_w + r0 / P * L;
+#pragma unroll 8
+      for (int k = j; k < m; k += split) {
+        float x[8];
+        load8_act(x0 + ring_index(after, k, L) * entry_stride + r0, p.act_f16, x);
+        const float wk = w[k];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += wk * x[i];
+      }
+    }
+    for (int o = split / 2; o > 0; o /= 2)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (v < vectors && j == 0) {
+      float s[8];
+      load8(scales + r0, s);
+      const float dec = sm.head_dec[r0 / P] * sm.c_unscale[0];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        ds.gain[r0 + i] = dec * s[i];
+        ds.ring[r0 + i] = acc[i];
+      }
+    }
+  }
+}
+
+// One warp's walk over its tiles: prefetch() issues the first kDirectDepth pieces (before the
+// block's prologue), run() reads out every tile and writes y.
+template <Mode kMode>
+struct DirectReader {
+  const uint8_t* lane_codes;  // row g of the block's first tile, byte 16 t
+  int N, log2_blocks, pieces, warp;
+  DirectPiece buf[kDirectDepth];
+
+  __device__ void init(const uint8_t* codes /* [H * P, N] */, int h0, int P, int N_, int heads) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    warp = threadIdx.x / 32;
+    N = N_;
+    log2_blocks = __ffs(N / 64) - 1;
+    const int tiles = heads * P / 16;
+    const int mine = tiles > warp ? (tiles - warp + warps - 1) / warps : 0;
+    pieces = mine << log2_blocks;
+    lane_codes = codes + (int64_t(h0) * P + lane / 4) * N + 16 * (lane % 4);
+  }
+  __device__ __forceinline__ int tile_of(int piece) const {
+    return warp + (piece >> log2_blocks) * int(blockDim.x / 32);
+  }
+  __device__ __forceinline__ void load(DirectPiece& q, int piece) const {
+    const int blk = piece & ((1 << log2_blocks) - 1);
+    const uint8_t* src = lane_codes + int64_t(tile_of(piece)) * 16 * N + 64 * blk;
+    q.lo = __ldcs(reinterpret_cast<const uint4*>(src));
+    q.hi = __ldcs(reinterpret_cast<const uint4*>(src + 8 * N));
+  }
+  __device__ __forceinline__ void prefetch() {
+#pragma unroll
+    for (int i = 0; i < kDirectDepth; ++i)
+      if (i < pieces) load(buf[i], i);
+  }
+  // y0: index in p.y of row 0 of head h0 (W = 1).
+  __device__ __forceinline__ void run(const ReplayParams& p, const uint2* c_frag,
+                                      const DirectSmem& ds, int64_t y0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int last_blk = (1 << log2_blocks) - 1;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};  // rows (g, g + 8) x window columns (2t, 2t + 1)
+    for (int base = 0; base < pieces; base += kDirectDepth) {
+#pragma unroll
+      for (int i = 0; i < kDirectDepth; ++i) {
+        const int piece = base + i;
+        if (piece >= pieces) break;
+        const int blk = piece & last_blk;
+        const DirectPiece q = buf[i];
+        if (piece + kDirectDepth < pieces) load(buf[i], piece + kDirectDepth);
+        const uint32_t lo[4] = {q.lo.x, q.lo.y, q.lo.z, q.lo.w};
+        const uint32_t hi[4] = {q.hi.x, q.hi.y, q.hi.z, q.hi.w};
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          mma_f16_16816(d, code8x2_f16x2<kMode>(lo[r], false), code8x2_f16x2<kMode>(hi[r], false),
+                        code8x2_f16x2<kMode>(lo[r], true), code8x2_f16x2<kMode>(hi[r], true),
+                        c_frag[(4 * blk + r) * 32 + lane]);
+        if (blk == last_blk) {
+          if (t == 0) {  // window column 0: d[0] (row g), d[2] (row g + 8)
+            const int r = tile_of(piece) * 16 + g;
+            store_scalar(p.y, p.y_dtype, y0 + r, ds.gain[r] * d[0] + ds.ring[r]);
+            store_scalar(p.y, p.y_dtype, y0 + r + 8, ds.gain[r + 8] * d[2] + ds.ring[r + 8]);
+          }
+          d[0] = d[1] = d[2] = d[3] = 0.f;
+        }
+      }
+    }
+  }
+};
+
 // The weights of head h for the tensor-core readout at W > 1, into buffer `buf` of sm.w and
 // sm.dec, with no block barrier: lane k holds delta_k (k < m <= 32), every warp forms the running
 // sums itself (sequential, the CPU reference's order, so L_k has the same bits in every warp) and
@@ -994,10 +1157,12 @@ __device__ __forceinline__ void form_head_weights(const ReplayParams& p, const S
 
 // How a verify_kernel instantiation runs (the launcher picks one per step, replay_launch.h).
 enum class VerifyVariant {
-  chained,       // after validate_tokens and flush_kernel
-  chained_wide,  // the same for W = 1 on the tensor cores, where the grid is one wave at 4
-                 // blocks per SM: registers for 4 blocks instead of 6
-  one_launch,    // the whole step in this kernel (validation, fold): small batches
+  chained,         // after validate_tokens and flush_kernel
+  chained_wide,    // the same for W = 1 on the tensor cores, where the grid is one wave at 4
+                   // blocks per SM: registers for 4 blocks instead of 6
+  one_launch,      // the whole step in this kernel (validation, fold): small batches
+  chained_direct,  // W = 1, 8-bit codes on the tensor cores: A fragments loaded from global
+                   // memory into registers (DirectReader), no staging (verify_direct_ok)
 };
 
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
@@ -1009,6 +1174,7 @@ enum class VerifyVariant {
 // 61.1 -> 57.2 separate-fp8; at batch 256, several waves, 4 blocks per SM lost 2%), and the fold
 // of a one-launch step has registers to spare.
 constexpr int verify_min_blocks(Mode mode, int kW, VerifyVariant variant) {
+  if (variant == VerifyVariant::chained_direct) return kDirectMinBlocks;
   const int blocks = has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
   return variant != VerifyVariant::chained && blocks > 4 ? 4 : blocks;
 }
@@ -1032,6 +1198,9 @@ template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVarian
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
+  constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
+  static_assert(!kDirect || (kW == 1 && has_bf16_readout(kMode) && kMode != Mode::separate_nvfp4),
+                "the direct readout is W = 1, 8-bit codes");
   // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
   // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
   // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
@@ -1105,11 +1274,19 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     issue_unit<kMode, ActT>(p, sec, after, vs, cc, xc, stages + (u % kStages) * vs.bytes, b,
                             h0 + unit_head(u), unit_row0(u), m);
   };
-  for (int u = 0; u < kStages - 1; ++u) {
-    if (u < units)
-      issue(u);
-    else
-      cp_async_commit();  // empty group: the wait count below stays uniform
+  // The direct readout's first pieces are loaded while the block forms its weights.
+  DirectReader<kDirect ? kMode : Mode::shared_fp8> direct;
+  if constexpr (kDirect) {
+    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P, N,
+                p.heads_per_block);
+    direct.prefetch();
+  } else {
+    for (int u = 0; u < kStages - 1; ++u) {
+      if (u < units)
+        issue(u);
+      else
+        cp_async_commit();  // empty group: the wait count below stays uniform
+    }
   }
 
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
@@ -1214,6 +1391,16 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       sm.head_w[hh * L + k] = w;
       if (k == i) sm.head_dec[hh] = decay(A * Li);
     }
+  }
+  if constexpr (kDirect) {
+    build_c_fragments<kMode, true>(sm, N, W);
+    __syncthreads();  // head_w, head_dec, c_frag, c_unscale
+    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P);
+    direct_ring_pass<kMode, ActT>(p, sm, ds, sec, after, h0, m);
+    __syncthreads();  // gain, ring
+    direct.run(p, sm.c_frag, ds, (int64_t(b) * H + h0) * P);
+    finish_verify<ActT, false>(p, b, slot, G * chunks);
+    return;
   }
   if constexpr (kMma) build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
   const RowMap rm(p.lanes_per_row, 1);

@@ -80,8 +80,16 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
       } else if (p.tokens == 1) {
         if constexpr (has_bf16_readout(kMode))
-          if (verify_wide(p, lc.sm_count))
+          if (verify_wide(p, lc.sm_count)) {
+            if constexpr (verify_direct_ok(kMode, 16, 64))
+              if (verify_direct_ok(kMode, p.P, p.N)) {
+                auto kernel = verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>;
+                const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
+                allow_dynamic_smem(kernel, smem);
+                return launch(lc, kernel, blocks, kVerifyThreads, smem, p);
+              }
             return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
+          }
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
       } else if (p.tokens <= 4) {
         run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);
@@ -113,7 +121,7 @@ void load_kernel(Kernel kernel, size_t smem) {
 }
 
 template <Mode kMode>
-void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max_heads) {
+void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, int max_heads) {
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
@@ -130,6 +138,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int max
       if constexpr (has_bf16_readout(kMode))
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
+      if constexpr (verify_direct_ok(kMode, 16, 64))
+        if (verify_direct_ok(kMode, P, N))
+          load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>,
+                      verify_direct_smem(L, N, P, max_heads));
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
                   verify_smem(lc, L, N, 4, max_heads, kMode, false));
       load_kernel(verify_kernel<kMode, ActT, 8, kEntries, V::chained>,
