@@ -354,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(
 // outputs get the sequence tolerance, and the codes written by the step's flushes are counted.
 template <typename WindowOf>
 void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps, WindowOf window_of,
-                             bool expect_mixed_w1) {
+                             bool expect_mixed_w1, DType act = DType::bf16) {
   const size_t per_token = size_t(shape.nheads) * shape.headdim;
   {
     std::mt19937_64 rng(4242 + int(mode));
@@ -363,6 +363,7 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
     cfg.mode = mode;
     cfg.num_slots = B;
     cfg.seed = 7;
+    cfg.activation_dtype = act;
     ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
     ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
     std::vector<int32_t> slots(static_cast<size_t>(B));
@@ -385,7 +386,7 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
         cpu.import_slot(b, image);
       }
       const int W = window_of(step, rng);
-      Tokens tk = random_tokens(shape, DType::bf16, B, W, rng);
+      Tokens tk = random_tokens(shape, act, B, W, rng);
       DeviceTokens dt(shape, tk);
       std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
       std::vector<bool> flushes(static_cast<size_t>(B));
@@ -395,8 +396,8 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
       if (W == 1 && flushing > 0 && flushing < B) ++mixed_w1_steps;
       cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
                  host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
-      gpu.verify(ds, dt.vx(shape, DType::bf16), dt.vB(shape, DType::bf16),
-                 dt.vC(shape, DType::bf16), dt.vdt(shape), dt.vy(shape));
+      gpu.verify(ds, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act), dt.vdt(shape),
+                 dt.vy(shape));
       const std::vector<float> ygpu = dt.y.download<float>(ycpu.size());
       std::vector<float> rows[2][2];  // [flushed][cpu, gpu]
       const size_t per_entry = size_t(W) * per_token;
@@ -441,9 +442,9 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
     const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
     EXPECT_LT(frac, 1e-2) << mode_name(mode);
     std::printf(
-        "[cuda-vs-cpu] batch %d mode %s: worst y rel %.3g (no flush in the step) %.3g (flush), "
-        "worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
-        B, mode_name(mode), worst_y_read, worst_y_flush, worst_ckpt, frac);
+        "[cuda-vs-cpu] batch %d mode %s act %s: worst y rel %.3g (no flush in the step) %.3g "
+        "(flush), worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
+        B, mode_name(mode), dtype_name(act), worst_y_read, worst_y_flush, worst_ckpt, frac);
   }
 }
 
@@ -474,6 +475,10 @@ TEST(CudaBackend, DirectReadoutMatchesCpu) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 36, decode, false);
     check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 20, decode, false);
   }
+  // The activation dtypes other than bf16 (fp16 through the same 16-bit instantiation, fp32
+  // through its own).
+  for (DType act : {DType::f16, DType::f32})
+    check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 20, decode, false, act);
 }
 
 TEST(CudaBackend, ImportStateMatchesCpu) {
