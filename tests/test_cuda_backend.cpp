@@ -535,7 +535,7 @@ TEST(CudaBackend, ImportStateMatchesCpuOverEveryMagnitude) {
 }
 
 // The tensor-core readout holds C in fp16 at a power-of-two scale per window column and block
-// (replay_kernels.cuh): C far outside fp16's range (2^-100 and 2^100, a different one per group,
+// (verify_mma.cuh): C far outside fp16's range (2^-100 and 2^100, a different one per group,
 // and a different power of two per window token) must still read out as the CPU reference does.
 TEST(CudaBackend, TensorCoreReadoutHoldsAnyMagnitudeOfC) {
   SKIP_WITHOUT_DEVICE();

@@ -331,7 +331,7 @@ inline constexpr float kE2m1F16Unscale = 16384.0f;  // 2^14: fp16 value * this =
 // 2^e as an fp32 number, for -126 <= e <= 127 (normal numbers only).
 RSSM_HD float pow2_f32(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
 
-// The tensor-core readout (cuda/replay_kernels.cuh) holds the window's C, rounded to bf16, in
+// The tensor-core readout (cuda/verify_mma.cuh) holds the window's C, rounded to bf16, in
 // fp16 at the scale 2^s, s = fp16_window_shift(amax), that puts the largest magnitude amax in
 // [2^14, 2^15); s is clamped to [-126, 126] so that 2^s and 2^-s are normal fp32 numbers (a tiny
 // amax then lands lower, which only adds room). Every bf16 value v with |v| >= 2^-31 amax is

@@ -1,0 +1,120 @@
+// The flush: fold the committed entries into the checkpoint and encode it (SPEC 4, 5).
+// Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/replay_common.cuh"
+
+namespace replayssm::cuda {
+
+// ---- flush -------------------------------------------------------------------------------------
+// S = fold(decode(rec), committed entries 0..c-1) in fp32, encoded into every checkpoint of the
+// mode. A streaming pass over the recurrence checkpoint of each flushing slot, one (slot, head)
+// item per block at a time, its next row group's loads in flight while the current one is folded
+// and encoded. The verify kernel that follows reads the new read checkpoint like any other; a
+// one-launch verify (small batches) runs flush_head for its block's heads itself.
+inline constexpr int kFlushThreads = 128;
+// Rows per thread and pass in the flush, and the blocks per SM its registers aim at. The separate
+// modes (two encoders, the SR's Philox) fit 2 rows in 80 registers without spills, so 6 blocks
+// stay resident; with 4 rows they needed 96 registers plus 200 bytes of spills at 5 blocks. The
+// A/B on the H200 (bench/results/2026-11-30-h200-session5.md): separate-fp8 W=8 batch 64
+// 303.1 -> 296.2 us, 256: 1078.6 -> 1039.4; separate-nvfp4 417.9 -> 395.8; shared-fp8, whose
+// 4 rows fit, got slower with 2 (225.8 -> 229.2) and keeps 4. fp16-sr (the SR alone) spilled
+// 108 bytes at 4 rows once the Philox round keys came from the parameters, and takes 2 as well.
+// Aiming at 4 blocks per SM (128 registers, no spills, 2 or 4 rows) was slower in every mode
+// measured: the kernel is instruction-bound and 16 warps per SM issue less than 24 (separate-fp8
+// W=8 batch 64 200.2 -> 204.0 / 202.1 us, separate-nvfp4 259.4 -> 273.1 / 276.3;
+// bench/results/2026-11-30-h200-session8.md). That was in lockstep, where every slot flushes in
+// the same step. With the slots' flush phases spread, as in service, a W = 1 step flushes a few
+// entries whose items fit in one round, and the step waits for one item's chain of row groups:
+// separate-fp8 at 4 rows and 4 blocks (two row groups per item instead of four) took W = 1 batch 64
+// from 69.4 to 61.6 us and was even elsewhere (W = 8 186.6 / 186.7, lockstep W = 1 55.5 / 55.2);
+// separate-nvfp4, whose second encoder is heavier, gained at W = 1 batch 64 (88.9 -> 79.6) but
+// lost at W = 8 (242.4 -> 263.1) and batch 256 (267.7 -> 274.1) and keeps 2 rows
+// (bench/results/2026-11-30-h200-session12.md). fp16-sr was not measured and keeps 2.
+constexpr int flush_rows(Mode mode) {
+  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 2 : kStepRows;
+}
+constexpr int flush_min_blocks(Mode mode) {
+  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 6 : 5;
+}
+
+// kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
+// check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
+// issued, so that their latency and the status words' overlap) unless entry check_b is valid.
+template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false>
+__device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
+                                           int h, float* smem, int check_b = -1) {
+  const int N = p.N, P = p.P;
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const RowMap rm(p.lanes_per_row, kRows);
+  RawChunk raw[kRows];
+  int prow[kRows];
+  load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
+  if (check_b >= 0 && !slot_ok(p, check_b)) return;  // uniform over the block
+  const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
+  stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), f);
+  __syncthreads();
+  const SrContext sr = make_sr(p, cur);
+  int saturated = 0, nonfinite = 0;
+  for (int base = 0; base < P; base += rm.rows_per_group) {
+    float v[kRows][8];
+    int row[kRows];
+    int clamped[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      decode_raw8<kMode>(raw[r], true, v[r]);
+      row[r] = prow[r];
+      clamped[r] = min(row[r], P - 1);
+    }
+    if (base + rm.rows_per_group < P)
+      load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
+    fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int pr = clamped[r];
+      const int bad = sanitize8(v[r]);
+      float rv[8];
+      // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
+      encode8<kMode, kShortSr>(sec, int64_t(h) * P + pr, rm.n0, N, rm.lane_in_row, rm.lanes, v[r],
+                               sr, rv, &saturated, row[r] < P);
+      if (row[r] < P) nonfinite += bad;
+    }
+  }
+  add_encode_stats(p, saturated, nonfinite);
+}
+
+// The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
+// barrier between items keeps one item's shared memory from being overwritten by the next.
+// kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
+template <Mode kMode, typename ActT, bool kShortSr>
+__global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
+    flush_kernel(const ReplayParams p) {
+  wait_for_previous_grid();  // launched dependent on validate_tokens
+  extern __shared__ float4 smem_raw[];
+  const int items = *p.flush_count * p.H;
+  // The chained verify after it may start now: only its blocks of flushing entries wait for this
+  // grid (verify_kernel). After an explicit flush the next kernel is a plain launch, which this
+  // does not affect.
+  allow_dependent_launch();
+  // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
+  // that clears the count; the grid then exits without its same-address atomics.
+  if (items == 0) return;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int listed = int(p.by_heads.div(item));
+    const ValidatedEntry e = p.flush_list[listed];
+    flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, e.slot, e.cursors, item - listed * p.H,
+                                                         reinterpret_cast<float*>(smem_raw), e.b);
+    __syncthreads();
+  }
+  // The last block to finish (every block read the count before it got here) clears the count
+  // for the next operation, so no memset node precedes the validate kernel.
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.flush_done, 1) == int(gridDim.x) - 1) {
+      *p.flush_count = 0;
+      *p.flush_done = 0;
+    }
+  }
+}
+
+}  // namespace replayssm::cuda

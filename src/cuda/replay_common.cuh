@@ -1,0 +1,407 @@
+// Shared by the replay kernels: parameters, device errors, validation, shared-memory layouts,
+// staging and the fold of committed entries.
+// Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cache/cursors.h"
+#include "core/fast_div.h"
+#include "cuda/replay_codec.cuh"
+
+namespace replayssm::cuda {
+
+inline constexpr int kMaxWindow = 8;      // W <= 8 (the readout reduces 8 values per butterfly)
+inline constexpr int kMaxHistory = 32;    // L <= 32
+inline constexpr int kStepThreads = 256;  // prefill and state kernels
+inline constexpr int kStepRows = 4;       // rows per thread and pass
+
+// Error codes of the device error word (docs/cuda.md).
+enum DeviceErrorCode : int32_t {
+  kErrNone = 0,
+  kErrSlotClosed = 1,      // operation on a slot that is not open
+  kErrNonFiniteInput = 2,  // NaN/Inf in x, B, C or dt
+  kErrCommitRange = 3,     // accepted outside 1..pending
+  kErrPending = 4,         // verify / prefill while the last verify is not committed
+};
+
+struct DeviceError {
+  int32_t code;  // first error since the last check
+  int32_t slot;
+  int32_t value;  // offending value (accepted count, ...)
+  int32_t count;  // errors since the last check
+};
+
+struct DeviceStats {
+  unsigned long long flushes;
+  unsigned long long saturated;
+  unsigned long long checkpoint_writes;
+  unsigned long long nonfinite;
+};
+
+__device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int32_t slot,
+                                            int32_t value) {
+  if (atomicCAS(&err->code, 0, code) == 0) {
+    err->slot = slot;
+    err->value = value;
+  }
+  atomicAdd(&err->count, 1);
+}
+
+// A batch entry with what validate_tokens read for it: every entry's in ReplayParams::entries
+// (the chained verify), the flushing ones' also in the flush list. A flush item or a verify
+// block then needs one dependent load (this) before its checkpoint and ring loads instead of
+// slots[b] -> cursors[slot].
+struct ValidatedEntry {
+  SlotCursors cursors;  // as validated (no kernel between validation and verify changes them)
+  int32_t b;            // batch entry (its status words)
+  int32_t slot;
+};
+
+struct ReplayParams {
+  SlotGeometry geo;
+  SlotCursors* cursors;  // [num_slots]
+  int32_t* status;       // [B, kValidateSplit] all 0 = this entry takes part
+  DeviceError* error;
+  DeviceStats* stats;
+  const int32_t* slots;  // [B]
+  int batch;
+  int tokens;       // W (verify) or T (prefill); 0 for an explicit flush
+  const void* x;    // [B, T, H, P] activation dtype
+  const void* B;    // [B, T, G, N] activation dtype
+  const void* C;    // [B, T, G, N] activation dtype
+  const float* dt;  // [B, T, H]
+  void* y;          // [B, T, H, P] y_dtype
+  DType y_dtype;
+  bool list_flushes;   // verify: validate_tokens lists the entries that flush
+  bool commit_window;  // verify: commit the whole window too (decode: verify W = 1 + commit 1)
+  bool act_f16;        // 16-bit activations are fp16 (else bf16)
+  int H, P, N, G, L;
+  int lanes_per_row;       // N / 8
+  FastDiv by_heads;        // item / H: the batch entry of a flush item (entry, head)
+  FastDiv by_group_heads;  // h / (H / G): the group of head h
+  U32x2 key;
+  PhiloxKeys10 keys10;  // philox_keys10(key)
+  int sr_bits, philox_rounds;
+  HeadParams head;
+  ValidatedEntry* flush_list;  // [B] entries that flush (listed by the validate kernels)
+  int32_t* flush_count;        // 0 before the validate kernel (flush_kernel's last block clears it)
+  int32_t* flush_done;         // flush_kernel blocks finished so far (0 between launches)
+  int32_t* arrivals;           // [B] verify blocks of each entry done so far (0 between verifies)
+  // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
+  // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
+  ValidatedEntry* entries;
+  int heads_per_block;  // verify_kernel: heads of one group per block
+  // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
+  float* dense;
+  int at;
+};
+
+__device__ __forceinline__ SrContext make_sr(const ReplayParams& p, const SlotCursors& c) {
+  return SrContext{p.key, c.request_id, c.flush_index, p.sr_bits, p.philox_rounds, p.keys10};
+}
+
+// Per batch entry, kValidateSplit status words (one per validating block): the entry takes part
+// in the operation when all are 0.
+inline constexpr int kValidateSplit = 8;
+
+__device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
+  const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
+  const int4 a = st[0], c = st[1];
+  return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
+}
+
+// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones).
+template <typename ActT>
+__device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (sizeof(ActT) == 4) {
+      bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+      const uint32_t m = f16 ? 0x7c00u : 0x7f80u;
+      bad |= (w[i] & m) == m || ((w[i] >> 16) & m) == m;
+    }
+  }
+  return bad;
+}
+
+// Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
+// NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise.
+template <typename ActT>
+__device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
+                                                    int64_t stride) {
+  const int T = p.tokens;
+  const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
+  const int64_t ux = nx * int64_t(sizeof(ActT)) / 16, ub = nb * int64_t(sizeof(ActT)) / 16;
+  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
+  const uint4* Bm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
+  const uint4* Cm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
+  const float* dt = p.dt + b * nd;
+  const int64_t total = ux + 2 * ub;
+  bool bad = false;
+#pragma unroll 8  // several of a thread's loads in flight together
+  for (int64_t u = first; u < total; u += stride) {
+    const uint4 v = u < ux ? x[u] : (u < ux + ub ? Bm[u - ux] : Cm[u - ux - ub]);
+    bad |= nonfinite16<ActT>(v, p.act_f16);
+  }
+  for (int64_t i = first; i < nd; i += stride) bad |= !isfinite(dt[i]);
+  return bad;
+}
+
+// The checks of validate_tokens_kernel made by a verify block for its own entry (one-launch
+// step): open, nothing pending, finite inputs. Every block of the entry reaches the same answer;
+// the one with `report` raises the error. Uniform over the block.
+template <typename ActT>
+__device__ bool entry_valid(const ReplayParams& p, int b, int slot, bool report) {
+  const SlotCursors cur = p.cursors[slot];
+  if (!cur.live || cur.pending != 0) {
+    if (report && threadIdx.x == 0)
+      raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
+    return false;
+  }
+  const bool bad = __syncthreads_or(entry_has_nonfinite<ActT>(p, b, threadIdx.x, blockDim.x));
+  if (bad && report && threadIdx.x == 0) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+  return !bad;
+}
+
+// Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;
+// `windows` = W rounded up as the kernel is specialised (1, 4 or 8), `heads` = heads per block,
+// `mma`: the tensor-core readout of the 8/4-bit read modes (its B fragments).
+struct StepSmem {
+  float* B;    // [L, N]         entries the readout sees: committed, then the window
+  float* C;    // [windows, N]
+  float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
+  float* dot;  // [windows, L]   B_k . C_j (k <= c + j, else 0)
+  // Per head, for the tensor-core readout at W > 1, two buffers (head parity): the next head's
+  // are formed while the current one's are read.
+  float* w;    // [2, windows, L]  w_jk (+ D when k = i)
+  float* dec;  // [2, windows]     exp(A L_i)
+  // W = 1: the weights of every head of the block, formed once before the readout.
+  float* head_delta;  // [heads, L]  delta_k of each head
+  float* head_w;      // [heads, L]  w_k (+ D when k = i)
+  float* head_dec;    // [heads]     exp(A L_i)
+  // Tensor-core readout: B fragments of the window's C (build_c_fragments).
+  float* c_unscale;  // [8]           undoes C_j's fp16 scaling and the decoder's own factor
+  uint2* c_frag;     // [N / 16, 32]  k-step s, lane
+
+  __host__ __device__ static size_t head_floats(int L, int windows, int heads) {
+    return windows == 1 ? size_t(heads) * (2 * L + 1) : 0;
+  }
+  __host__ __device__ static size_t bytes(int L, int N, int windows, int heads, bool mma) {
+    const size_t floats =
+        size_t(L) * N + size_t(windows) * (2 * N + 3 * L + 2) + head_floats(L, windows, heads) + 8;
+    const size_t frag_offset = (sizeof(float) * floats + 15) / 16 * 16;
+    return frag_offset + (mma ? size_t(N) / 16 * 32 * sizeof(uint2) : 0);  // 16-byte multiple
+  }
+  __device__ static StepSmem carve(float* base, int L, int N, int windows, int heads) {
+    StepSmem s;
+    s.B = base;
+    s.C = s.B + L * N;
+    s.Cr = s.C + windows * N;
+    s.dot = s.Cr + windows * N;
+    s.w = s.dot + windows * L;
+    s.dec = s.w + 2 * windows * L;
+    s.head_delta = s.dec + 2 * windows;
+    s.head_w = s.head_delta + heads * L;
+    s.head_dec = s.head_w + heads * L;
+    s.c_unscale = s.head_delta + head_floats(L, windows, heads);  // head_* only at W = 1
+    s.c_frag = reinterpret_cast<uint2*>(base + bytes(L, N, windows, heads, false) / sizeof(float));
+    return s;
+  }
+};
+
+// Shared memory of a fold (flush, prefill, state): the committed entries of one head.
+struct FoldSmem {
+  float* B;   // [L, N]
+  float* x;   // [L, P]
+  float* w;   // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
+  float* d0;  // [1]  exp(A L_{m-1})
+
+  static size_t bytes(int L, int N, int P) { return sizeof(float) * (size_t(L) * (N + P + 1) + 4); }
+  __device__ static FoldSmem carve(float* base, int L, int N, int P) {
+    FoldSmem f;
+    f.B = base;
+    f.x = f.B + L * N;
+    f.w = f.x + L * P;
+    f.d0 = f.w + L;
+    return f;
+  }
+};
+
+// One group of rows to copy into shared memory as fp32: `rows` rows of n elements (n % 8 == 0),
+// row k at src + (ring ? phys(k) : k) * stride; with `rounded`, a bf16-rounded copy goes there too
+// (the C of the BF16 readout rule).
+template <typename ActT>
+struct StageSegment {
+  float* dst;
+  const ActT* src;
+  int64_t stride;
+  int rows, n;
+  bool ring;
+  float* rounded;
+};
+
+// Copies every segment in one pass of 8-element vector loads, two per thread in flight.
+// kPow2Rows: every segment's n is a power of two (dstate), so a vector's row is a shift.
+template <typename ActT, bool kRound, bool kPow2Rows, int kSegments>
+__device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[kSegments],
+                                               const SlotCursors& cur, int L, bool f16) {
+  int start[kSegments + 1];
+  start[0] = 0;
+#pragma unroll
+  for (int s = 0; s < kSegments; ++s) start[s + 1] = start[s] + seg[s].rows * (seg[s].n / 8);
+  const int total = start[kSegments];
+  for (int u0 = threadIdx.x; u0 < total; u0 += 2 * blockDim.x) {
+    float v[2][8];
+    float* dst[2] = {nullptr, nullptr};
+    float* rounded[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int u = u0 + q * blockDim.x;
+      if (u >= total) continue;
+      // Select the segment with compile-time indices only (a runtime index into `seg` would
+      // put it in local memory).
+      StageSegment<ActT> sg = seg[0];
+      int first = 0;
+#pragma unroll
+      for (int t = 1; t < kSegments; ++t)
+        if (u >= start[t]) sg = seg[t], first = start[t];
+      const int per_row = sg.n / 8;
+      const int k = kPow2Rows ? (u - first) >> (__ffs(per_row) - 1) : (u - first) / per_row;
+      const int c = (u - first) - k * per_row;
+      const int row = sg.ring ? ((cur.origin + k) & (L - 1)) : k;
+      load8_act(sg.src + int64_t(row) * sg.stride + 8 * c, f16, v[q]);
+      dst[q] = sg.dst + k * sg.n + 8 * c;
+      if (sg.rounded) rounded[q] = sg.rounded + k * sg.n + 8 * c;
+    }
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      if (dst[q] == nullptr) continue;
+      store8_f32(dst[q], v[q]);
+      if (rounded[q] == nullptr) continue;
+      float r[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[i] = kRound ? bf16_to_f32(f32_to_bf16(v[q][i])) : v[q][i];
+      store8_f32(rounded[q], r);
+    }
+  }
+}
+
+// Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
+//   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
+// (the CPU reference's order: scale the decoded row, then add the entries in logical order).
+// Ends with a barrier; the weights are ready after the caller's next one.
+template <typename ActT>
+__device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
+                                           const SlotCursors& cur, int count, int h, int g,
+                                           const FoldSmem& f) {
+  const StageSegment<ActT> seg[2] = {{f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
+                                      int64_t(p.G) * p.N, count, p.N, true, nullptr},
+                                     {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
+                                      int64_t(p.H) * p.P, count, p.P, true, nullptr}};
+  stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
+  for (int k = threadIdx.x; k < count; k += blockDim.x)
+    f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
+  __syncthreads();
+  // Thread k forms the weight of entry k (count <= L <= 32 < blockDim.x); every thread sums the
+  // deltas in logical order, the CPU reference's order.
+  const int k = threadIdx.x;
+  float total = 0.f, upto = 0.f;
+  for (int q = 0; q < count; ++q) {
+    total += f.w[q];
+    if (q == k) upto = total;
+  }
+  const float dk = k < count ? f.w[k] : 0.f;
+  __syncthreads();
+  const float A = p.head.A[h];
+  if (k < count) f.w[k] = dk * decay(A * (total - upto));
+  if (k == 0) *f.d0 = decay(A * total);
+}
+
+// The fold of stage_fold for one 8-element chunk (columns n0..n0+7) of each of R rows:
+//   s = d0 s; then s += (w_k x_k[p]) B_k for k = 0..count-1, in logical order.
+// The 8 columns of B_k are read from shared memory once per entry for all R rows.
+template <int R>
+__device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, int count,
+                                          const int (&prow)[R], int n0, int N, int P) {
+  const float d0 = *f.d0;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[r][i] *= d0;
+  // Pointers advanced per entry (the indexed form recomputed every address per entry and row).
+  const float* bk = f.B + n0;
+  const float* xk[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xk[r] = f.x + prow[r];
+  for (int k = 0; k < count; ++k, bk += N) {
+    const float4 b0 = *reinterpret_cast<const float4*>(bk);
+    const float4 b1 = *reinterpret_cast<const float4*>(bk + 4);
+    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    const float wk = f.w[k];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float wx = wk * *xk[r];
+      xk[r] += P;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[r][i] += wx * bv[i];
+    }
+  }
+}
+
+// NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
+__device__ __forceinline__ int sanitize8(float (&s)[8]) {
+  // v * 0 is NaN exactly when v is NaN or +-Inf: one FMA per element finds out whether any of the
+  // 8 needs fixing, and the per-element fix-up below is skipped in the common all-finite case.
+  float probe = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) probe = fmaf(s[i], 0.f, probe);
+  if (!isnan(probe)) return 0;
+  int bad = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (isfinite(s[i])) continue;
+    ++bad;
+    s[i] = isnan(s[i]) ? 0.f : copysignf(3.402823466e38f, s[i]);
+  }
+  return bad;
+}
+
+// Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.
+__device__ __forceinline__ void add_encode_stats(const ReplayParams& p, int saturated,
+                                                 int nonfinite) {
+  if (saturated) atomicAdd(&p.stats->saturated, (unsigned long long)saturated);
+  if (nonfinite) atomicAdd(&p.stats->nonfinite, (unsigned long long)nonfinite);
+}
+
+// Thread mapping of the row kernels: a row (h, p) of N elements is held by N/8 consecutive lanes,
+// 8 elements each; a block covers rows_per_pass rows per pass and keeps `rows` passes (a row
+// group) in registers so that all their loads are in flight together.
+struct RowMap {
+  int lanes, lane_in_row, n0, rows_per_pass, rows_per_group;
+  __device__ RowMap(int lanes_per_row, int rows)
+      : lanes(lanes_per_row),
+        lane_in_row(threadIdx.x % lanes_per_row),
+        n0(8 * lane_in_row),
+        rows_per_pass(blockDim.x / lanes_per_row),
+        rows_per_group(rows_per_pass * rows) {}
+  __device__ int row(int base, int r) const {
+    return base + r * rows_per_pass + threadIdx.x / lanes;
+  }
+};
+
+// Issues the loads of one row group of head h (recurrence or read checkpoint). Rows past P load
+// row P - 1 again: they compute on a duplicate and are never stored.
+template <Mode kMode, int R>
+__device__ __forceinline__ void load_group(const SlotSections& sec, const RowMap& m, int h, int P,
+                                           int N, int base, bool rec, RawChunk (&raw)[R],
+                                           int (&prow)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    prow[r] = m.row(base, r);
+    load_raw8<kMode>(sec, int64_t(h) * P + min(prow[r], P - 1), m.n0, N, rec, raw[r]);
+  }
+}
+
+}  // namespace replayssm::cuda

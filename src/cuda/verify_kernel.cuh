@@ -1,0 +1,483 @@
+// verify_kernel and its variants (SPEC 3, 4: readout, ring term, window append, cursors).
+// Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/flush_kernel.cuh"
+#include "cuda/replay_common.cuh"
+#include "cuda/verify_direct.cuh"
+#include "cuda/verify_mma.cuh"
+#include "cuda/verify_staging.cuh"
+
+namespace replayssm::cuda {
+
+// ---- verify ------------------------------------------------------------------------------------
+// One block per (batch entry, group, chunk of heads_per_block heads of the group), for every slot
+// (a flushing slot's block first folds its heads, flush_head; its window starts at logical 0):
+//
+//   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p] + D x_i[p]
+//   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j),         i = c + j,  L_k = delta_0 + ... +
+//   delta_k
+//
+// What the heads of a group share is done once per block: the entries' B and the window's C are
+// staged and the products B_k . C_j go to shared memory. The read checkpoint streams through
+// shared memory in (head, row chunk) units with cp.async, verify_stages(W) deep, so the bytes in
+// flight do not depend on registers (an 8-byte fp8 chunk per lane held in registers leaves the
+// memory system idle). The weights w_jk are formed once per block at W = 1 (every head's) and
+// once per head at W > 1, in shared memory, except in the FMA readout at W > 1 (below).
+// The 8/4-bit read modes read R C_j out on the tensor cores (mma_tile, 16-row tiles) and add the
+// ring term per output. The 16/32-bit modes use the FMA readout: lane l of a row owns the
+// entries k = l + t * N/8 (t < kEntries), and the ring term joins the checkpoint term in the
+// row's one reduction,
+//   part_j = exp(A L_i) scale (v . Cr_j)[8 columns] + sum_{own k} (w_jk + D [k == i]) x_k[p],
+// with Cr_j in registers (each thread always works on the same 8 columns; reading it from
+// shared memory per row would move 32 bytes of shared memory per checkpoint byte at W = 8).
+
+// How a verify_kernel instantiation runs (the launcher picks one per step, replay_launch.h).
+enum class VerifyVariant {
+  chained,         // after validate_tokens and flush_kernel
+  chained_wide,    // the same for W = 1 on the tensor cores, where the grid is one wave at 4
+                   // blocks per SM: registers for 4 blocks instead of 6
+  one_launch,      // the whole step in this kernel (validation, fold): small batches
+  chained_direct,  // W = 1, 8-bit codes on the tensor cores: A fragments loaded from global
+                   // memory into registers (DirectReader), no staging (verify_direct_ok)
+};
+
+// Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
+// -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
+// for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
+// registers, spilled 8 bytes); the FMA path at W = 1 holds one row of C in 8 registers.
+// The wide and one-launch variants aim at 4 at most: 128 registers leave the readout's per-unit
+// addressing in registers (the wide variant: H200, W = 1 batch 64, 54.6 -> 50.6 us shared-fp8,
+// 61.1 -> 57.2 separate-fp8; at batch 256, several waves, 4 blocks per SM lost 2%), and the fold
+// of a one-launch step has registers to spare.
+constexpr int verify_min_blocks(Mode mode, int kW, VerifyVariant variant) {
+  if (variant == VerifyVariant::chained_direct) return kDirectMinBlocks;
+  const int blocks = has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
+  return variant != VerifyVariant::chained && blocks > 4 ? 4 : blocks;
+}
+
+// The flush of a one-launch verify block's heads, 2 rows per thread and pass (the separate
+// modes' flush_kernel fits them in 80 registers).
+template <Mode kMode, typename ActT>
+__device__ __forceinline__ void verify_flush_heads(const ReplayParams& p, int slot,
+                                                   const SlotCursors& cur, int h0, float* smem) {
+  for (int hh = 0; hh < p.heads_per_block; ++hh) {
+    flush_head<kMode, ActT, 2>(p, slot, cur, h0 + hh, smem);
+    __syncthreads();  // the next head's fold, or the verify's staging, overwrites shared memory
+  }
+}
+
+// VerifyVariant::one_launch: the whole step in this one kernel, for small batches whose blocks hold
+// one head each (launch latency dominates there): each block checks its entry as validate_tokens
+// would and folds its own heads where the entry must flush. Otherwise validate_tokens and
+// flush_kernel ran before it.
+template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVariant>
+__global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
+    verify_kernel(const ReplayParams p) {
+  constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
+  constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
+  static_assert(!kDirect || (kW == 1 && has_bf16_readout(kMode) && kMode != Mode::separate_nvfp4),
+                "the direct readout is W = 1, 8-bit codes");
+  // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
+  // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
+  // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
+  // this grid cannot complete before the flush and whatever follows in the stream sees both.
+  if (kOneLaunch || (blockIdx.x | blockIdx.y | blockIdx.z) == 0) wait_for_previous_grid();
+  extern __shared__ float4 smem_raw[];
+  constexpr int kStages = verify_stages(kW);
+  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
+  const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
+  const int b = blockIdx.z, g = blockIdx.y;
+  const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
+  int slot;
+  SlotCursors after;    // the cursors of this verify (flushed below where the entry must flush)
+  bool folded = false;  // one launch: this kernel flushed the entry (then ring B: finish_verify)
+  if constexpr (kOneLaunch) {
+    slot = p.slots[b];
+    if (slot < 0) return;                                                   // padding
+    if (!entry_valid<ActT>(p, b, slot, blockIdx.x == 0 && g == 0)) return;  // uniform
+    // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
+    // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
+    // other block. Nothing else is live across the fold, which has the registers to itself.
+    const SlotCursors before = p.cursors[slot];
+    folded = verify_needs_flush(before, W, L);  // then c > 0, since W <= L / 2
+    if (folded)
+      verify_flush_heads<kMode, ActT>(p, slot, before, h0, reinterpret_cast<float*>(smem_raw));
+    after = before;
+  } else {
+    // Both loads in flight together; the entry is used only when its status words are all 0
+    // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
+    const ValidatedEntry e = p.entries[b];
+    if (!slot_ok(p, b)) return;  // invalid: uniform over the block
+    slot = e.slot;
+    after = e.cursors;
+    // validate_tokens completed before any flush block got past its wait, so the status words
+    // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
+    if (verify_needs_flush(after, W, L)) wait_for_previous_grid();
+  }
+  const SlotSections sec = slot_sections(p.geo, slot);
+  if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
+  const int c = after.committed, m = c + W;
+  // The 8/4-bit read modes read out on the tensor cores, the others on FFMA with Cr_j in
+  // registers.
+  constexpr bool kMma = has_bf16_readout(kMode);
+
+  const StepSmem sm =
+      StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW, p.heads_per_block);
+  const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
+  uint8_t* stages =
+      reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW, p.heads_per_block, kMma);
+  const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
+  // Unit u is rows row0.. of head h0 + hh; a head is one unit whenever its codes fit a stage
+  // (every preset at 8 bits), and then no division is needed.
+  auto unit_head = [&](int u) { return units_per_head == 1 ? u : u / units_per_head; };
+  auto unit_row0 = [&](int u) { return units_per_head == 1 ? 0 : u % units_per_head * vs.rows; };
+  // The 16-byte vectors of a unit's code rows and x rows.
+  const XCopy cc = XCopy::make(vs.code_bytes / 16),
+              xc = XCopy::make(vs.rows * int(sizeof(ActT)) / 16);
+  // W > 1 on the tensor cores with bf16 activations: the ring term on the tensor cores too
+  // (ring_term_mma), which reads whole 16-entry steps of the staged x: rows m.. of every stage are
+  // zeroed once (the copies write rows < m only), so that they add 0 x 0.
+  const bool ring_mma = kMma && kW > 1 && sizeof(ActT) == 2 && !p.act_f16 && L % 16 == 0;
+  if (ring_mma) {
+    for (int s = 0; s < kStages; ++s) {
+      uint16_t* x0 = reinterpret_cast<uint16_t*>(vs.view(stages + s * vs.bytes).ring_x);
+      for (int i = m * vs.x_pitch + int(threadIdx.x); i < L * vs.x_pitch; i += blockDim.x)
+        x0[i] = 0;
+    }
+    __syncthreads();  // before any copy lands in a stage
+  }
+  auto issue = [&](int u) {
+    issue_unit<kMode, ActT>(p, sec, after, vs, cc, xc, stages + (u % kStages) * vs.bytes, b,
+                            h0 + unit_head(u), unit_row0(u), m);
+  };
+  // The direct readout's first pieces are loaded while the block forms its weights.
+  DirectReader<kDirect ? kMode : Mode::shared_fp8> direct;
+  if constexpr (kDirect) {
+    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P, N,
+                p.heads_per_block);
+    direct.prefetch();
+  } else {
+    for (int u = 0; u < kStages - 1; ++u) {
+      if (u < units)
+        issue(u);
+      else
+        cp_async_commit();  // empty group: the wait count below stays uniform
+    }
+  }
+
+  // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
+  {
+    const StageSegment<ActT> seg[3] = {
+        {sm.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, int64_t(G) * N, c, N, true,
+         nullptr},
+        {sm.B + c * N, static_cast<const ActT*>(p.B) + (int64_t(b) * W * G + g) * N, int64_t(G) * N,
+         W, N, false, nullptr},
+        {sm.C, static_cast<const ActT*>(p.C) + (int64_t(b) * W * G + g) * N, int64_t(G) * N, W, N,
+         false, sm.Cr}};
+    stage_segments<ActT, has_bf16_readout(kMode), true>(seg, after, L, p.act_f16);  // n = N
+  }
+  // The window's ring x and delta for this block's heads (raw copies: the ring holds the
+  // activation dtype). Logical positions c.. are read by no block of this step.
+  {
+    constexpr int kVec = 16 / sizeof(ActT);  // elements per 16-byte vector
+    if constexpr (kW == 1) {
+      // The block's heads are one contiguous run of x in the input and in the ring.
+      const int phys = ring_index(after, c, L);
+      uint4* dst =
+          reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h0) * P);
+      const uint4* src =
+          reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + (int64_t(b) * H + h0) * P);
+      for (int i = threadIdx.x; i < p.heads_per_block * P / kVec; i += blockDim.x) dst[i] = src[i];
+      for (int hh = threadIdx.x; hh < p.heads_per_block; hh += blockDim.x)
+        sec.ring_delta[phys * H + h0 + hh] = entry_delta(p, sec, after, b, h0 + hh, c);
+    } else {
+      // One flat loop over (head, token, vector): a loop per token serialised the tokens' loads
+      // and stores (H200, W = 8 batch 64 separate-fp8: 196.8 -> 206.8 us).
+      const int per_row = P / kVec, total = p.heads_per_block * W * per_row;
+      for (int u = threadIdx.x; u < total; u += blockDim.x) {
+        const int hh = u / (W * per_row), j = u / per_row % W, i = u % per_row;
+        const int h = h0 + hh, phys = ring_index(after, c + j, L);
+        reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P)[i] =
+            reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) +
+                                           ((int64_t(b) * W + j) * H + h) * P)[i];
+      }
+      for (int u = threadIdx.x; u < p.heads_per_block * W; u += blockDim.x) {
+        const int h = h0 + u / W, j = u % W;
+        sec.ring_delta[ring_index(after, c + j, L) * H + h] =
+            entry_delta(p, sec, after, b, h, c + j);
+      }
+    }
+    // Ring B of the group, by the group's first block: the other blocks of the group stage only
+    // committed entries (logical < c), and flush_kernel has folded what these positions held.
+    // After a fold in this kernel, by the entry's last block (finish_verify).
+    if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
+  }
+  if constexpr (kW == 1) {
+    // W = 1: the deltas of every head of the block, loaded with the staging above (the window's
+    // come from dt, not from the ring positions written there).
+    // (head, entry) pairs as t = hh L + k (L a power of two): no division by m.
+    const int log2_L = __ffs(L) - 1;
+    for (int t = threadIdx.x; t < p.heads_per_block * L; t += blockDim.x) {
+      const int hh = t >> log2_L, k = t & (L - 1);
+      if (k < m) sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
+    }
+  }
+  __syncthreads();
+  {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int j = 0; j < W; ++j)
+      for (int k = warp; k < m; k += warps) {
+        float d = 0.f;
+        if (k <= c + j)
+          for (int n = lane; n < N; n += 32) d += sm.B[k * N + n] * sm.C[j * N + n];
+        d = row_sum(d, 32);
+        if (lane == 0) sm.dot[j * L + k] = d;
+      }
+  }
+  // Tensor-core path at W > 1: lane k of every warp holds delta_k of the next head whose weights
+  // are to be formed (loaded a head ahead); the first head's are formed here.
+  float delta_ahead = 0.f;
+  if constexpr (kMma && kW > 1) {
+    const int lane = threadIdx.x % 32;
+    const float delta_first = lane < m ? entry_delta(p, sec, after, b, h0, lane) : 0.f;
+    if (p.heads_per_block > 1 && lane < m)
+      delta_ahead = entry_delta(p, sec, after, b, h0 + 1, lane);
+    __syncthreads();  // sm.dot
+    form_head_weights<kW>(p, sm, h0, delta_first, c, m, 0);
+  }
+  if constexpr (kW == 1) {
+    // The weights of every head of the block, once: per head and unit each lane would form the
+    // running sums of its entries itself, the same work in every row group of lanes.
+    __syncthreads();  // sm.dot
+    const int hpb = p.heads_per_block;
+    const int log2_L = __ffs(L) - 1;
+    for (int t = threadIdx.x; t < hpb * L; t += blockDim.x) {
+      const int hh = t >> log2_L, k = t & (L - 1), i = c;  // i: the token's logical position
+      if (k >= m) continue;
+      const float* dl = sm.head_delta + hh * L;
+      float run = 0.f, Lk = 0.f, Li = 0.f;
+      for (int q = 0; q < m; ++q) {  // sequential, the CPU reference's order
+        run += dl[q];
+        if (q == k) Lk = run;
+        if (q == i) Li = run;
+      }
+      const float A = p.head.A[h0 + hh];
+      float w = dl[k] * decay(A * (Li - Lk)) * sm.dot[k];
+      if (k == i) w += p.head.D[h0 + hh];
+      sm.head_w[hh * L + k] = w;
+      if (k == i) sm.head_dec[hh] = decay(A * Li);
+    }
+  }
+  if constexpr (kDirect) {
+    build_c_fragments<kMode, true>(sm, N, W);
+    __syncthreads();  // head_w, head_dec, c_frag, c_unscale
+    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P);
+    direct_ring_pass<kMode, ActT>(p, sm, ds, sec, after, h0, m);
+    __syncthreads();  // gain, ring
+    direct.run(p, sm.c_frag, ds, (int64_t(b) * H + h0) * P);
+    finish_verify<ActT, false>(p, b, slot, G * chunks);
+    return;
+  }
+  if constexpr (kMma) build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
+  const RowMap rm(p.lanes_per_row, 1);
+  float cr[kMma ? 1 : kW][8];  // the FMA readout's Cr_j (each thread works on 8 columns)
+  if constexpr (!kMma) {
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      if (j < W) {
+        load8(sm.Cr + j * N + rm.n0, cr[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) cr[j][i] = 0.f;
+      }
+    }
+  }
+
+  // One reduction serves kBatch = 8 / kW rows: value q * kW + j is row q's y_j, so a lane
+  // reduces 8 values in lanes - 1 shuffles however small W is, and the writers are spread over
+  // the lanes (lane_in_row / per_value is the value a lane ends up holding).
+  constexpr int kBatch = 8 / kW;
+  const int per_value = rm.lanes / 8;
+  const int v_out = rm.lane_in_row / per_value, q_out = v_out / kW, j_out = v_out % kW;
+  const bool writer = rm.lane_in_row % per_value == 0 && j_out < W;
+  float wk[kEntries][kW];  // w_jk (+ D when k = i) of the lane's entries, current head
+  float dec[kW];           // exp(A L_i)
+  float dl_next[kEntries];
+  if constexpr (!kMma && kW > 1) {
+#pragma unroll
+    for (int t = 0; t < kEntries; ++t)
+      dl_next[t] = entry_delta(p, sec, after, b, h0, rm.lane_in_row + t * rm.lanes);
+  }
+  for (int u = 0; u < units; ++u) {
+    __syncthreads();  // the stage issued next was consumed in iteration u - 1 (and sm.dot is set)
+    if (u + kStages - 1 < units)
+      issue(u + kStages - 1);
+    else
+      cp_async_commit();
+    const int h = h0 + unit_head(u), row0 = unit_row0(u);
+    if (kMma && kW > 1 && row0 == 0 && h + 1 < h0 + p.heads_per_block) {
+      // The next head's weights into the other buffer (its last reader, head h - 1, finished
+      // before the barrier above); this head's were formed one head ago.
+      const int lane = threadIdx.x % 32;
+      form_head_weights<kW>(p, sm, h + 1, delta_ahead, c, m, (h + 1 - h0) & 1);
+      if (h + 2 < h0 + p.heads_per_block && lane < m)
+        delta_ahead = entry_delta(p, sec, after, b, h + 2, lane);
+    } else if (!kMma && kW == 1 && row0 == 0) {
+      const int hh = h - h0;
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) {
+        const int k = rm.lane_in_row + t * rm.lanes;
+        wk[t][0] = k < m ? sm.head_w[hh * L + k] : 0.f;
+      }
+      dec[0] = sm.head_dec[hh];
+    } else if (!kMma && row0 == 0) {
+      // Running sums in the CPU reference's order (sequential over k), broadcast from the lanes
+      // that own the entries; m is uniform over the block, so every lane takes part.
+      const float A = p.head.A[h], D = p.head.D[h];
+      float dl[kEntries], Lk[kEntries], Li[kW];
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) dl[t] = dl_next[t], Lk[t] = 0.f;
+      if (h + 1 < h0 + p.heads_per_block)
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t)
+          dl_next[t] = entry_delta(p, sec, after, b, h + 1, rm.lane_in_row + t * rm.lanes);
+#pragma unroll
+      for (int j = 0; j < kW; ++j) Li[j] = 0.f;
+      float run = 0.f;
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) {
+        for (int l2 = 0; l2 < rm.lanes && t * rm.lanes + l2 < m; ++l2) {
+          const int q = t * rm.lanes + l2;
+          run += __shfl_sync(0xffffffffu, dl[t], l2, rm.lanes);
+          if (l2 == rm.lane_in_row) Lk[t] = run;
+#pragma unroll
+          for (int j = 0; j < kW; ++j)
+            if (q == c + j) Li[j] = run;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        dec[j] = j < W ? decay(A * Li[j]) : 0.f;
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t) {
+          const int k = rm.lane_in_row + t * rm.lanes, i = c + j;
+          float w = 0.f;
+          if (j < W && k <= i) w = dl[t] * decay(A * (Li[j] - Lk[t])) * sm.dot[j * L + k];
+          if (j < W && k == i) w += D;
+          wk[t][j] = w;
+        }
+      }
+    }
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // unit u's bytes, copied by every thread, are in shared memory
+    uint8_t* stage = stages + (u % kStages) * vs.bytes;
+    const SlotSections view = vs.view(stage);
+    const ActT* xs = static_cast<const ActT*>(view.ring_x);
+    if constexpr (kMma) {
+      const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
+      const uint8_t* codes = static_cast<const uint8_t*>(view.rec);
+      for (int tile = warp; tile < vs.rows / 16; tile += blockDim.x / 32) {
+        const int r_lo = tile * 16 + g, r_hi = r_lo + 8;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};  // rows (r_lo, r_hi) x windows (2 tq, 2 tq + 1)
+        mma_tile<kMode>(codes, vs.code_pitch, vs.code_bytes, view.read_block_scale, vs.block_bytes,
+                        tile * 16, sm.c_frag, d);
+        if constexpr (kW == 1) {
+          // Only window column 0 (lanes tq = 0) is a result. The ring term of rows r_lo and r_hi
+          // is spread over the 4 lanes of the row pair: lane tq takes entries tq, tq + 4, ...
+          const int hh = h - h0;
+          const float* w = sm.head_w + hh * L;
+          float ring_lo = 0.f, ring_hi = 0.f;
+          for (int k = tq; k < m; k += 4) {
+            const float wk = w[k];
+            ring_lo += wk * act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
+            ring_hi += wk * act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
+          }
+          ring_lo += __shfl_xor_sync(0xffffffffu, ring_lo, 1);
+          ring_hi += __shfl_xor_sync(0xffffffffu, ring_hi, 1);
+          ring_lo += __shfl_xor_sync(0xffffffffu, ring_lo, 2);
+          ring_hi += __shfl_xor_sync(0xffffffffu, ring_hi, 2);
+          if (tq == 0) {
+            const float dec = sm.head_dec[hh] * sm.c_unscale[0];
+            const int64_t out = (int64_t(b) * H + h) * P + row0;
+            store_scalar(p.y, p.y_dtype, out + r_lo,
+                         dec * (view.read_scale[r_lo] * d[0]) + ring_lo);
+            store_scalar(p.y, p.y_dtype, out + r_hi,
+                         dec * (view.read_scale[r_hi] * d[2]) + ring_hi);
+          }
+        } else {
+          // Values q = (row r_lo, r_hi) x (window 2 tq, 2 tq + 1): each entry's x of the two rows
+          // and w of the two windows are read once for the four sums (entries in logical order),
+          // or, with bf16 activations, the ring term comes from the tensor cores (whole warp).
+          const int j0 = 2 * tq, buf = (h - h0) & 1;  // this head's weights (form_head_weights)
+          float ring[4] = {0.f, 0.f, 0.f, 0.f};
+          if constexpr (sizeof(ActT) == 2)
+            if (ring_mma)
+              ring_term_mma<kW>(reinterpret_cast<const uint16_t*>(xs), vs.x_pitch, tile * 16,
+                                sm.w + buf * kW * L, L, m, ring);
+          if (j0 < kW) {  // else no window column here (the arrays hold kW of them)
+            float acc[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
+              acc[q] =
+                  sm.dec[buf * kW + j] * sm.c_unscale[j] * (view.read_scale[r] * d[q]) + ring[q];
+            }
+            const float* w0 = sm.w + (buf * kW + j0) * L;
+            for (int k = 0; !ring_mma && k < m; ++k) {
+              const float x_lo = act_f32(xs[k * vs.x_pitch + r_lo], p.act_f16);
+              const float x_hi = act_f32(xs[k * vs.x_pitch + r_hi], p.act_f16);
+              const float wa = w0[k], wb = w0[L + k];
+              acc[0] += wa * x_lo;
+              acc[1] += wb * x_lo;
+              acc[2] += wa * x_hi;
+              acc[3] += wb * x_hi;
+            }
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const int r = q < 2 ? r_lo : r_hi, j = j0 + (q & 1);
+              if (j < W)
+                store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row0 + r, acc[q]);
+            }
+          }
+        }
+      }
+      continue;
+    }
+    const int slot_row = threadIdx.x / rm.lanes;  // the thread's row within a pass
+    for (int r0 = 0; r0 < vs.rows; r0 += kBatch * rm.rows_per_pass) {
+      float part[8];
+#pragma unroll
+      for (int q = 0; q < kBatch; ++q) {
+        const int rc = min(r0 + q * rm.rows_per_pass + slot_row, vs.rows - 1);
+        RawChunk raw;
+        load_raw8<kMode>(view, rc, rm.n0, N, false, raw);
+        float v[8];
+        const float scale = decode_raw8<kMode>(raw, false, v);
+        float xk[kEntries];
+#pragma unroll
+        for (int t = 0; t < kEntries; ++t) {
+          const int k = rm.lane_in_row + t * rm.lanes;
+          xk[t] = k < m ? act_f32(xs[k * vs.x_pitch + rc], p.act_f16) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kW; ++j) {
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s += v[i] * cr[j][i];
+          float acc = dec[j] * scale * s;
+#pragma unroll
+          for (int t = 0; t < kEntries; ++t) acc += wk[t][j] * xk[t];
+          part[q * kW + j] = acc;
+        }
+      }
+      const float y = row_sum_values<8>(part, rm.lane_in_row, rm.lanes);
+      const int rr = r0 + q_out * rm.rows_per_pass + slot_row;
+      if (writer && rr < vs.rows)
+        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
+    }
+  }
+  finish_verify<ActT, kOneLaunch>(p, b, slot, G * chunks);
+}
+
+}  // namespace replayssm::cuda

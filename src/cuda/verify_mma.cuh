@@ -1,0 +1,250 @@
+// The verify's tensor-core readout (the 8/4-bit read modes) and the W > 1 weights.
+// Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/replay_common.cuh"
+#include "cuda/verify_staging.cuh"
+
+namespace replayssm::cuda {
+
+// ---- tensor-core readout (the 8/4-bit read modes, every window) ------------------------------
+// R C_j for a 16-row tile and the 8 window columns j with mma.sync m16n8k16 in fp16 with fp32
+// accumulation. fp16 holds every decoded value exactly: e4m3 and int8 codes as they are, and
+// nvfp4's e2m1 x e4m3 block scale at 2^-14 (multiples of 2^-24 below 0.17). C_j, rounded to bf16
+// (SPEC 5), goes in at a power-of-two scale 2^s_j that puts its largest magnitude in
+// [2^14, 2^15): fp16 then holds every element down to 2^-31 of the largest exactly (a bf16
+// value needs 8 significant bits above fp16's 2^-24 step); a smaller one is rounded by at most
+// 2^-39 of the largest, far below fp32's rounding of the sum. The products are exact and summed
+// in fp32, so only the summation order differs from the CPU reference's readout.
+// A dot product is invariant under a permutation of K applied to both operands, so each lane's
+// k-slots are mapped to the columns its ldmatrix delivers (kslot_col): lane (g, t) feeds
+// k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with 4 consecutive columns of rows g and g+8,
+// and its B fragment (the shared-memory c_frag) holds C_g at the same columns.
+
+// First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t.
+// 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
+// nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them.
+// Direct (DirectReader): lane t loads bytes 16t.. of every 64-byte block of its rows, whose
+// register r (4 columns) feeds k-step 4 * block + r.
+template <Mode kMode, bool kDirect = false>
+__device__ __forceinline__ int kslot_col(int s, int t, int half) {
+  if constexpr (kDirect) return 64 * (s / 4) + 16 * t + 4 * (s % 4) + 2 * half;
+  if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + 4 * (s % 2) + 2 * half;
+  return 16 * s + 4 * t + 2 * half;
+}
+
+// Factor from the fp16 values of a mode's A fragments to code values (nvfp4's decoder gives
+// e2m1 x 2^-14).
+template <Mode kMode>
+constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1F16Unscale : 1.f;
+
+// B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
+// sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp 0; the caller
+// puts a barrier between this and the readout.
+template <Mode kMode, bool kDirect = false>
+__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, g = lane / 4, t = lane % 4, steps = N / 16;
+  const float* c = sm.Cr + g * N;  // window column g (rows of Cr exist for g < W only)
+  float amax = 0.f;
+  if (g < W)
+    for (int s = 0; s < steps; ++s)
+      for (int half = 0; half < 2; ++half) {
+        const int col = kslot_col<kMode, kDirect>(s, t, half);
+        amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + 1])));
+      }
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // all N columns between them
+  const int shift = fp16_window_shift(amax);  // amax finite: the inputs were validated
+  const float scale = pow2_f32(shift);
+  for (int s = 0; s < steps; ++s) {
+    uint2 frag = {0u, 0u};
+    if (g < W) {
+      const int c0 = kslot_col<kMode, kDirect>(s, t, 0), c1 = kslot_col<kMode, kDirect>(s, t, 1);
+      const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + 1] * scale);
+      const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + 1] * scale);
+      frag = {*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
+    }
+    sm.c_frag[s * 32 + lane] = frag;
+  }
+  if (t == 0) sm.c_unscale[g] = pow2_f32(-shift) * kFragUnscale<kMode>;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&q)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+               : "r"(smem_addr));
+}
+
+// d += A B for one m16n8k16 step (A: 16 x 16 fp16 rows, B: 16 x 8 fp16 columns, d: fp32).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint2 b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
+}
+
+// d += A B for one m16n8k16 step in bf16 (A: 16 x 16 rows, B: 16 x 8 columns, d: fp32).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&q)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(q[0]), "=r"(q[1]), "=r"(q[2]), "=r"(q[3])
+               : "r"(smem_addr));
+}
+
+// Two fp32 values rounded to bf16 (round to nearest even), packed low-first; each value is left
+// holding what the rounding dropped (exact in fp32).
+__device__ __forceinline__ uint32_t bf16x2_split(float& lo, float& hi) {
+  const __nv_bfloat16 a = __float2bfloat16_rn(lo), b = __float2bfloat16_rn(hi);
+  lo -= __bfloat162float(a);
+  hi -= __bfloat162float(b);
+  return uint32_t(__bfloat16_as_ushort(a)) | (uint32_t(__bfloat16_as_ushort(b)) << 16);
+}
+
+// The ring term of a 16-row tile at W > 1 on the tensor cores, bf16 activations:
+//   d[r][j] += sum_{k < m} x_k[r0 + r] w_jk
+// A = the staged x (entry-major rows [k][p], read transposed by ldmatrix: exact in bf16); B = w
+// split into three bf16 parts (hi + mid + lo carry an fp32 value's 24 significant bits), so every
+// product is exact and only the fp32 summation order differs from the FMA loop's. Lane (g, t)
+// gets rows (g, g + 8) x columns (2t, 2t + 1), the layout of mma_tile's d. Entries past m are
+// zero in w, and their staged x rows must be finite (verify_kernel zeroes them once). Needs the
+// staged x to hold whole 16-entry steps (history a multiple of 16); the whole warp takes part.
+template <int kW>
+__device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, int r0,
+                                              const float* w, int L, int m, float (&d)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int k0 = 0; k0 < m; k0 += 16) {
+    // ldmatrix.trans: lane l gives the address of entry k0 + (l & 7) (+ 8 for l >= 16), rows
+    // r0 (+ 8 for l & 8): matrices (rows 0-7, entries 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+    uint32_t a[4];
+    ldmatrix_x4_trans(
+        a, static_cast<uint32_t>(__cvta_generic_to_shared(
+               xs + (k0 + (lane & 7) + ((lane & 16) >> 1)) * x_pitch + r0 + (lane & 8))));
+    // Column j = g of B holds w_jk at k = k0 + 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = k0 + 2 * t + (i & 1) + 4 * (i & 2);
+      v[i] = g < kW && k < m ? w[g * L + k] : 0.f;
+    }
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      const uint32_t b0 = bf16x2_split(v[0], v[1]), b1 = bf16x2_split(v[2], v[3]);
+      mma_bf16_16816(d, a, b0, b1);
+    }
+  }
+}
+
+// Codes 2 and 3 (hi) or 0 and 1 of a register of four 8-bit codes as an fp16 pair.
+template <Mode kMode>
+__device__ __forceinline__ uint32_t code8x2_f16x2(uint32_t q, bool hi) {
+  const uint32_t two = hi ? q >> 16 : q & 0xffffu;
+  if constexpr (kMode == Mode::shared_int8) {
+    // 0x6400 | (code + 128) is the fp16 1024 + code + 128, exact; subtracting 1152 leaves code.
+    const uint32_t biased = __byte_perm(two ^ 0x8080u, 0x64646464u, 0x5140u);
+    const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&biased), __float2half2_rn(1152.f));
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+}
+
+// An e4m3 code's value (exact in fp16) in both halves of an fp16 pair.
+__device__ __forceinline__ __half2 e4m3_half2(uint8_t code) {
+  return __half2half2(__ushort_as_half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x));
+}
+
+// nvfp4: the two codes of byte `byte` of a register of 8 codes (column 2i in the low nibble of
+// byte i), given as its low nibbles `even` = q & 0x0f0f0f0f and high nibbles `odd`, times the
+// block scale (the same fp16 twice), at 2^-14 (e2m1x2_to_f16x2_scaled); exact in fp16.
+__device__ __forceinline__ uint32_t e2m1_byte_f16x2(uint32_t even, uint32_t odd, int byte,
+                                                    __half2 block_scale) {
+  // The even column's code to bits 0-3, the odd column's to bits 16-19.
+  const uint32_t h = e2m1x2_to_f16x2_scaled(__byte_perm(even, odd, byte | (4 + byte) << 8));
+  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), block_scale);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// d += R C for the 16-row tile at row r0 of a staged unit (codes: rows code_pitch bytes apart,
+// code_bytes of them used; nvfp4 block scales: block_bytes per row): lane (g, t) ends with rows
+// (r0 + g, r0 + g + 8) x window columns (2t, 2t + 1) in (d[0], d[1]), (d[2], d[3]).
+template <Mode kMode>
+__device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, int code_bytes,
+                                         const uint8_t* block_scales, int block_bytes, int r0,
+                                         const uint2* c_frag, float (&d)[4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // ldmatrix.x4 over 32 bytes of the 16 rows: matrix 0 rows 0-7 bytes 0-15, matrix 1 rows 8-15
+  // bytes 0-15, matrices 2 and 3 the same rows at bytes 16-31; lane l gives the address of row
+  // l % 8 of matrix l / 8 and receives 4 bytes (4t..4t+3) of row g of each matrix.
+  const uint32_t base = static_cast<uint32_t>(
+      __cvta_generic_to_shared(codes + (r0 + (lane & 7) + (lane & 8)) * code_pitch + (lane & 16)));
+  for (int c = 0; c < code_bytes / 32; ++c) {
+    uint32_t q[4];  // rows (g, g + 8) at bytes 32c + 4t.. (q0, q1) and 32c + 16 + 4t.. (q2, q3)
+    ldmatrix_x4(q, base + 32 * c);
+    if constexpr (kMode == Mode::separate_nvfp4) {
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {  // bytes 16 part + 4t.. = 2 k-steps: 64c + 32 part
+        const int block = 4 * c + 2 * part + t / 2;  // columns 64c + 32 part + 8t.. in one block
+        const __half2 s_lo = e4m3_half2(block_scales[(r0 + g) * block_bytes + block]);
+        const __half2 s_hi = e4m3_half2(block_scales[(r0 + g + 8) * block_bytes + block]);
+        const uint32_t lo = q[2 * part], hi = q[2 * part + 1];  // rows g, g + 8
+        const uint32_t lo_even = lo & 0x0f0f0f0fu, lo_odd = (lo >> 4) & 0x0f0f0f0fu;
+        const uint32_t hi_even = hi & 0x0f0f0f0fu, hi_odd = (hi >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          mma_f16_16816(d, e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk, s_lo),
+                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk, s_hi),
+                        e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk + 1, s_lo),
+                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk + 1, s_hi),
+                        c_frag[(4 * c + 2 * part + kk) * 32 + lane]);
+      }
+    } else {
+#pragma unroll
+      for (int part = 0; part < 2; ++part) {  // one k-step: columns 32c + 16 part..
+        const uint32_t lo = q[2 * part], hi = q[2 * part + 1];
+        mma_f16_16816(d, code8x2_f16x2<kMode>(lo, false), code8x2_f16x2<kMode>(hi, false),
+                      code8x2_f16x2<kMode>(lo, true), code8x2_f16x2<kMode>(hi, true),
+                      c_frag[(2 * c + part) * 32 + lane]);
+      }
+    }
+  }
+}
+
+// The weights of head h for the tensor-core readout at W > 1, into buffer `buf` of sm.w and
+// sm.dec, with no block barrier: lane k holds delta_k (k < m <= 32), every warp forms the running
+// sums itself (sequential, the CPU reference's order, so L_k has the same bits in every warp) and
+// then the weights of its window columns (two per warp at kW = 8), with i = c + j:
+//   w_jk = delta_k exp(A (L_i - L_k)) (B_k . C_j) (+ D when k = i),   dec_j = exp(A L_i)
+template <int kW>
+__device__ __forceinline__ void form_head_weights(const ReplayParams& p, const StepSmem& sm, int h,
+                                                  float delta_k, int c, int m, int buf) {
+  constexpr int kPerWarp = kW * 32 / kVerifyThreads;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, W = p.tokens, L = p.L;
+  float run = 0.f, Lk = 0.f;
+  for (int q = 0; q < m; ++q) {
+    run += __shfl_sync(0xffffffffu, delta_k, q);
+    if (q == lane) Lk = run;
+  }
+  const float A = p.head.A[h], D = p.head.D[h];
+#pragma unroll
+  for (int jj = 0; jj < kPerWarp; ++jj) {
+    const int j = warp * kPerWarp + jj, i = c + j;  // i < m <= 32 whenever j < W
+    const float Li = __shfl_sync(0xffffffffu, Lk, min(i, 31));
+    float w = 0.f;
+    if (j < W && lane <= i) w = delta_k * decay(A * (Li - Lk)) * sm.dot[j * L + lane];
+    if (j < W && lane == i) w += D;
+    if (lane < m) sm.w[(buf * kW + j) * L + lane] = w;
+    if (lane == 0) sm.dec[buf * kW + j] = j < W ? decay(A * Li) : 0.f;
+  }
+}
+
+}  // namespace replayssm::cuda

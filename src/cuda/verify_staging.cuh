@@ -1,0 +1,216 @@
+// The verify's staging: shared-memory stages of the read checkpoint, cp.async copies, the
+// window's ring appends and the end of a verify block.
+// Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/flush_kernel.cuh"
+#include "cuda/replay_common.cuh"
+
+namespace replayssm::cuda {
+
+// ---- verify: staging --------------------------------------------------------------------------
+inline constexpr int kVerifyThreads = 128;
+static_assert(kVerifyThreads == kFlushThreads, "verify_kernel runs flush_head");
+// Stages in flight: at W = 1 two (one unit copied while one is read) leave room for more blocks
+// per SM (three measured slower: 67.7 -> 71.2 us, and 57.5 -> 58.1 us at batch 64 with a
+// run-time stage count where a one-wave grid left shared memory idle); W > 1 keeps three.
+constexpr int verify_stages(int windows) { return windows == 1 ? 2 : 3; }
+inline constexpr int kVerifyUnitBytes = 16 * 1024;  // checkpoint bytes per unit, at most
+
+// Shared-memory staging of one unit: `rows` rows of one head's read checkpoint (codes, row
+// scales, nvfp4 block scales) and the x entries [L][rows] of those rows. The code rows of the
+// tensor-core readout and the x rows are padded by one 16-byte vector: the 8 rows an ldmatrix
+// (or 8 lanes) reads then start in different banks. Every part is a whole number of vectors.
+struct VerifyStage {
+  int rows;         // rows per unit: P, or a divisor of P keeping the codes <= kVerifyUnitBytes
+  int code_bytes;   // per row
+  int code_pitch;   // bytes from one staged code row to the next
+  int scale_bytes;  // per row: 4 in the row-scaled modes, else 0
+  int block_bytes;  // per row: N/16 for nvfp4, else 0
+  int x_pitch;      // elements per x row
+  int act_bytes;
+  size_t bytes;  // one stage
+
+  __host__ __device__ static VerifyStage make(Mode mode, int act_bytes, int P, int N, int L) {
+    VerifyStage s{};
+    s.code_bytes = mode == Mode::fp32                                                    ? 4 * N
+                   : (mode == Mode::bf16 || mode == Mode::fp16 || mode == Mode::fp16_sr) ? 2 * N
+                   : mode == Mode::separate_nvfp4                                        ? N / 2
+                                                                                         : N;
+    s.scale_bytes = has_bf16_readout(mode) ? 4 : 0;
+    s.block_bytes = mode == Mode::separate_nvfp4 ? N / 16 : 0;
+    s.rows = P;
+    // The tensor-core readout of the 8/4-bit modes works on 16-row tiles.
+    const int granule = has_bf16_readout(mode) ? 16 : 8;
+    while (s.rows * s.code_bytes > kVerifyUnitBytes && s.rows % (2 * granule) == 0) s.rows /= 2;
+    s.code_pitch = s.code_bytes + (has_bf16_readout(mode) ? 16 : 0);
+    s.act_bytes = act_bytes;
+    s.x_pitch = s.rows + 16 / act_bytes;
+    s.bytes = size_t(s.rows) * (s.code_pitch + s.scale_bytes + s.block_bytes) +
+              size_t(L) * s.x_pitch * act_bytes;
+    return s;
+  }
+  // Slot sections viewed on one stage (row indices relative to the unit), for load_raw8.
+  __device__ SlotSections view(uint8_t* base) const {
+    SlotSections v{};
+    v.rec = v.read = base;
+    v.rec_scale = v.read_scale = reinterpret_cast<float*>(base + rows * code_pitch);
+    v.read_block_scale = base + rows * (code_pitch + scale_bytes);
+    v.ring_x = base + rows * (code_pitch + scale_bytes + block_bytes);
+    return v;
+  }
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+// Copies `bytes` (a multiple of 16) with the block's threads, 16 bytes each.
+__device__ __forceinline__ void cp_async_block(void* smem, const void* gmem, int bytes) {
+  for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+    cp_async16(static_cast<uint8_t*>(smem) + 16 * i, static_cast<const uint8_t*>(gmem) + 16 * i);
+}
+
+// Entry k of head h as a verify sees it: committed entries from the ring, the window's from the
+// inputs.
+template <typename ActT>
+__device__ __forceinline__ const ActT* entry_x_row(const ReplayParams& p, const SlotSections& sec,
+                                                   const SlotCursors& after, int b, int h, int k) {
+  const int c = after.committed;
+  if (k < c)
+    return static_cast<const ActT*>(sec.ring_x) +
+           (int64_t(ring_index(after, k, p.L)) * p.H + h) * p.P;
+  return static_cast<const ActT*>(p.x) + ((int64_t(b) * p.tokens + k - c) * p.H + h) * p.P;
+}
+__device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSections& sec,
+                                             const SlotCursors& after, int b, int h, int k) {
+  const int c = after.committed;
+  if (k < c) return sec.ring_delta[ring_index(after, k, p.L) * p.H + h];
+  if (k < c + p.tokens)
+    return process_dt(p.dt[(int64_t(b) * p.tokens + k - c) * p.H + h], p.head.dt_bias[h],
+                      p.head.dt_min, p.head.dt_max);
+  return 0.f;
+}
+
+// Which 16-byte vectors of a unit a thread copies: per_k of them per row (a code row, or one
+// entry's x row). When per_k divides the block, thread t always copies vector t % per_k of rows
+// t / per_k, t / per_k + k_stride, ... and no division is needed.
+struct XCopy {
+  int per_k;
+  bool tiled;
+  int q, k0, k_stride;
+  __device__ static XCopy make(int per_k) {
+    XCopy x;
+    x.per_k = per_k;
+    x.tiled = kVerifyThreads % per_k == 0;
+    x.q = threadIdx.x % per_k;
+    x.k0 = threadIdx.x / per_k;
+    x.k_stride = kVerifyThreads / per_k;
+    return x;
+  }
+  template <typename F>  // f(row, vector) for this thread's vectors of rows 0..rows-1
+  __device__ __forceinline__ void for_each(int rows, F&& f) const {
+    if (tiled) {
+      for (int k = k0; k < rows; k += k_stride) f(k, q);
+    } else {
+      for (int i = threadIdx.x; i < rows * per_k; i += blockDim.x) {
+        const int k = i / per_k;
+        f(k, i - k * per_k);
+      }
+    }
+  }
+};
+
+// Issues the copies of one unit (rows row0.. of head h) into a stage and commits them as a group
+// (cc: the code rows' vectors, xc: the x rows').
+template <Mode kMode, typename ActT>
+__device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSections& sec,
+                                           const SlotCursors& after, const VerifyStage& vs,
+                                           const XCopy& cc, const XCopy& xc, uint8_t* stage, int b,
+                                           int h, int row0, int m) {
+  const int64_t row = int64_t(h) * p.P + row0;
+  const SlotSections v = vs.view(stage);
+  constexpr bool kSeparate = is_separate(kMode);
+  const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
+  if (vs.code_pitch == vs.code_bytes) {
+    cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
+  } else {
+    const uint8_t* src = codes + row * vs.code_bytes;
+    uint8_t* dst = static_cast<uint8_t*>(v.rec);
+    cc.for_each(vs.rows, [&](int r, int q) {
+      cp_async16(dst + r * vs.code_pitch + 16 * q, src + r * vs.code_bytes + 16 * q);
+    });
+  }
+  if (vs.scale_bytes)
+    cp_async_block(v.rec_scale, (kSeparate ? sec.read_scale : sec.rec_scale) + row,
+                   vs.rows * vs.scale_bytes);
+  if (vs.block_bytes)
+    cp_async_block(v.read_block_scale, sec.read_block_scale + row * vs.block_bytes,
+                   vs.rows * vs.block_bytes);
+  xc.for_each(m, [&](int k, int q) {
+    cp_async16(static_cast<uint8_t*>(v.ring_x) + (int64_t(k) * vs.x_pitch * sizeof(ActT)) + 16 * q,
+               reinterpret_cast<const uint8_t*>(entry_x_row<ActT>(p, sec, after, b, h, k) + row0) +
+                   16 * q);
+  });
+  cp_async_commit();
+}
+
+// The window's B of groups g0 .. g0 + groups - 1 into the ring at logical positions c.. of
+// `after` (the cursors after any flush of this step), in 16-byte vectors.
+template <typename ActT>
+__device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
+                                                const SlotSections& sec, const SlotCursors& after,
+                                                int g0, int groups) {
+  const int W = p.tokens, per_row = groups * p.N * int(sizeof(ActT)) / 16;
+  for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+    const int j = u / per_row, i = u - j * per_row;
+    const int phys = ring_index(after, after.committed + j, p.L);
+    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g0) * p.N)[i] =
+        reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
+                                       ((int64_t(b) * W + j) * p.G + g0) * p.N)[i];
+  }
+}
+
+// The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
+// counter) advances the slot's cursors, so no block of the entry can still read the old ones
+// and no separate finalize launch is needed. In one launch, where the entry flushed (its blocks
+// folded their heads in this kernel), that whole block also appends the window's B of every
+// group: the window's ring positions may be those of committed entries (c + W wraps past the
+// ring's end), whose B the other blocks of the group fold until they finish. Uniform over the
+// block.
+template <typename ActT, bool kOneLaunch>
+__device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
+                                              int blocks_per_entry) {
+  __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(&p.arrivals[b], 1) == blocks_per_entry - 1;
+  }
+  if constexpr (kOneLaunch) {
+    if (!__syncthreads_or(last)) return;
+  } else if (!last) {
+    return;
+  }
+  __threadfence();
+  SlotCursors cur = p.cursors[slot];
+  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
+  if (flush) apply_flush(cur, p.L);
+  if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
+  if (threadIdx.x != 0) return;
+  p.arrivals[b] = 0;  // ready for the next verify
+  apply_verify(cur, p.tokens);
+  if (p.commit_window) apply_commit(cur, p.tokens);
+  p.cursors[slot] = cur;
+  if (flush) {
+    atomicAdd(&p.stats->flushes, 1ull);
+    atomicAdd(&p.stats->checkpoint_writes, 1ull);
+  }
+}
+
+}  // namespace replayssm::cuda
