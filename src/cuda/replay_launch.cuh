@@ -68,10 +68,12 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   // order of one block per (entry, group, chunk).
   const dim3 blocks(p.H / p.G / p.heads_per_block, p.G, p.batch);
   const bool one_launch = verify_in_one_launch(p);
-  auto run = [&](auto kernel, int windows) {
-    const size_t smem = verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode, one_launch);
+  auto run_with = [&](auto kernel, size_t smem) {
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
+  };
+  auto run = [&](auto kernel, int windows) {
+    run_with(kernel, verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode, one_launch));
   };
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
@@ -81,13 +83,10 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       } else if (p.tokens == 1) {
         if constexpr (has_bf16_readout(kMode))
           if (verify_wide(p, lc.sm_count)) {
-            if constexpr (verify_direct_ok(kMode, 16, 64))
-              if (verify_direct_ok(kMode, p.P, p.N)) {
-                auto kernel = verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>;
-                const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
-                allow_dynamic_smem(kernel, smem);
-                return launch(lc, kernel, blocks, kVerifyThreads, smem, p);
-              }
+            if constexpr (has_direct_readout(kMode))
+              if (verify_direct_ok(kMode, p.P, p.N))
+                return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>,
+                                verify_direct_smem(p.L, p.N, p.P, p.heads_per_block));
             return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
           }
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
@@ -138,7 +137,7 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       if constexpr (has_bf16_readout(kMode))
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
-      if constexpr (verify_direct_ok(kMode, 16, 64))
+      if constexpr (has_direct_readout(kMode))
         if (verify_direct_ok(kMode, P, N))
           load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>,
                       verify_direct_smem(L, N, P, max_heads));

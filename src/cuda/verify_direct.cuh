@@ -22,11 +22,15 @@ namespace replayssm::cuda {
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
 inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
 
-// Whether a shape can take VerifyVariant::chained_direct: 8-bit codes (nvfp4 keeps the staged
-// readout), 16-row tiles, whole 64-column blocks, a power-of-two number of them per row.
+// The modes VerifyVariant::chained_direct is compiled for: 8-bit codes on the tensor cores
+// (nvfp4 keeps the staged readout).
+__host__ __device__ constexpr bool has_direct_readout(Mode mode) {
+  return has_bf16_readout(mode) && mode != Mode::separate_nvfp4;
+}
+// Whether a shape can take it: 16-row tiles, whole 64-column blocks, a power-of-two number of
+// them per row.
 __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
-  return has_bf16_readout(mode) && mode != Mode::separate_nvfp4 && P % 16 == 0 && N % 64 == 0 &&
-         ((N / 64) & (N / 64 - 1)) == 0;
+  return has_direct_readout(mode) && P % 16 == 0 && N % 64 == 0 && ((N / 64) & (N / 64 - 1)) == 0;
 }
 
 struct DirectPiece {

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
   constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
-  static_assert(!kDirect || (kW == 1 && has_bf16_readout(kMode) && kMode != Mode::separate_nvfp4),
+  static_assert(!kDirect || (kW == 1 && has_direct_readout(kMode)),
                 "the direct readout is W = 1, 8-bit codes");
   // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
   // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
