@@ -356,96 +356,91 @@ template <typename WindowOf>
 void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps, WindowOf window_of,
                              bool expect_mixed_w1, DType act = DType::bf16) {
   const size_t per_token = size_t(shape.nheads) * shape.headdim;
-  {
-    std::mt19937_64 rng(4242 + int(mode));
-    const LayerParams params = random_params(shape, rng);
-    CacheConfig cfg;
-    cfg.mode = mode;
-    cfg.num_slots = B;
-    cfg.seed = 7;
-    cfg.activation_dtype = act;
-    ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
-    ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
-    std::vector<int32_t> slots(static_cast<size_t>(B));
-    for (int b = 0; b < B; ++b) {
-      slots[b] = b;
-      cpu.open(b, 100 + uint64_t(b));
-      gpu.open(b, 100 + uint64_t(b));
-    }
-    std::shuffle(slots.begin(), slots.end(), rng);
-    DeviceBytes dslots(slots);
-    const TensorView hs = host_view(slots.data(), DType::i32, {B});
-    const TensorView ds = dview(dslots.ptr, DType::i32, {B});
-    double worst_y_read = 0, worst_y_flush = 0, worst_ckpt = 0;
-    size_t mismatched = 0, code_bytes = 0;
-    int mixed_w1_steps = 0;  // W = 1 steps in which some slots flush and others do not
-    for (int step = 0; step < steps; ++step) {
-      for (int b = 0; b < B; ++b) {  // CPU := GPU
-        const std::vector<uint8_t> image = gpu.export_slot(b);
-        cpu.release(b);
-        cpu.import_slot(b, image);
-      }
-      const int W = window_of(step, rng);
-      Tokens tk = random_tokens(shape, act, B, W, rng);
-      DeviceTokens dt(shape, tk);
-      std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
-      std::vector<bool> flushes(static_cast<size_t>(B));
-      for (int b = 0; b < B; ++b)
-        flushes[b] = cpu.impl().read_slot(slots[b]).cursors.committed + W > cfg.history;
-      const long flushing = std::count(flushes.begin(), flushes.end(), true);
-      if (W == 1 && flushing > 0 && flushing < B) ++mixed_w1_steps;
-      cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
-                 host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
-      gpu.verify(ds, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act), dt.vdt(shape),
-                 dt.vy(shape));
-      const std::vector<float> ygpu = dt.y.download<float>(ycpu.size());
-      std::vector<float> rows[2][2];  // [flushed][cpu, gpu]
-      const size_t per_entry = size_t(W) * per_token;
-      for (int b = 0; b < B; ++b) {
-        auto& dst = rows[flushes[b] ? 1 : 0];
-        dst[0].insert(dst[0].end(), ycpu.begin() + b * per_entry,
-                      ycpu.begin() + (b + 1) * per_entry);
-        dst[1].insert(dst[1].end(), ygpu.begin() + b * per_entry,
-                      ygpu.begin() + (b + 1) * per_entry);
-      }
-      if (!rows[0][0].empty()) {
-        const double e = rel_l2(rows[0][1], rows[0][0]);
-        EXPECT_LT(e, 2e-5) << mode_name(mode) << " step " << step << " W " << W << " (no flush)";
-        worst_y_read = std::max(worst_y_read, e);
-      }
-      if (!rows[1][0].empty()) {
-        const double e = rel_l2(rows[1][1], rows[1][0]);
-        EXPECT_LT(e, y_tolerance(mode)) << mode_name(mode) << " step " << step << " W " << W;
-        worst_y_flush = std::max(worst_y_flush, e);
-      }
-      std::vector<int32_t> accepted(static_cast<size_t>(B));
-      for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
-      DeviceBytes dacc(accepted);
-      cpu.commit(hs, host_view(accepted.data(), DType::i32, {B}));
-      gpu.commit(ds, dview(dacc.ptr, DType::i32, {B}));
-      for (int b = 0; b < B; ++b) {
-        if (!flushes[b] && b % 8 != 0) continue;  // every flushed slot, a sample of the rest
-        const int s = slots[b];
-        const SlotDiff d =
-            compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
-        EXPECT_TRUE(d.cursors_equal) << "slot " << s << " step " << step;
-        EXPECT_TRUE(d.ring_equal) << "slot " << s << " step " << step;
-        EXPECT_LT(d.ckpt_rel, mode == Mode::fp32 ? 1e-5 : 1e-3) << "slot " << s << " step " << step;
-        worst_ckpt = std::max(worst_ckpt, d.ckpt_rel);
-        if (mode != Mode::fp32) mismatched += d.code_mismatch, code_bytes += d.code_bytes;
-      }
-    }
-    EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
-    if (expect_mixed_w1) {
-      EXPECT_GT(mixed_w1_steps, 0) << mode_name(mode);
-    }
-    const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
-    EXPECT_LT(frac, 1e-2) << mode_name(mode);
-    std::printf(
-        "[cuda-vs-cpu] batch %d mode %s act %s: worst y rel %.3g (no flush in the step) %.3g "
-        "(flush), worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
-        B, mode_name(mode), dtype_name(act), worst_y_read, worst_y_flush, worst_ckpt, frac);
+  std::mt19937_64 rng(4242 + int(mode));
+  const LayerParams params = random_params(shape, rng);
+  CacheConfig cfg;
+  cfg.mode = mode;
+  cfg.num_slots = B;
+  cfg.seed = 7;
+  cfg.activation_dtype = act;
+  ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+  ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+  std::vector<int32_t> slots(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) {
+    slots[b] = b;
+    cpu.open(b, 100 + uint64_t(b));
+    gpu.open(b, 100 + uint64_t(b));
   }
+  std::shuffle(slots.begin(), slots.end(), rng);
+  DeviceBytes dslots(slots);
+  const TensorView hs = host_view(slots.data(), DType::i32, {B});
+  const TensorView ds = dview(dslots.ptr, DType::i32, {B});
+  double worst_y_read = 0, worst_y_flush = 0, worst_ckpt = 0;
+  size_t mismatched = 0, code_bytes = 0;
+  int mixed_w1_steps = 0;  // W = 1 steps in which some slots flush and others do not
+  for (int step = 0; step < steps; ++step) {
+    for (int b = 0; b < B; ++b) {  // CPU := GPU
+      const std::vector<uint8_t> image = gpu.export_slot(b);
+      cpu.release(b);
+      cpu.import_slot(b, image);
+    }
+    const int W = window_of(step, rng);
+    Tokens tk = random_tokens(shape, act, B, W, rng);
+    DeviceTokens dt(shape, tk);
+    std::vector<float> ycpu(size_t(B) * W * per_token, NAN);
+    std::vector<bool> flushes(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b)
+      flushes[b] = cpu.impl().read_slot(slots[b]).cursors.committed + W > cfg.history;
+    const long flushing = std::count(flushes.begin(), flushes.end(), true);
+    if (W == 1 && flushing > 0 && flushing < B) ++mixed_w1_steps;
+    cpu.verify(hs, tk.view_x(shape), tk.view_B(shape), tk.view_C(shape), tk.view_dt(shape),
+               host_view(ycpu.data(), DType::f32, {B, W, shape.nheads, shape.headdim}));
+    gpu.verify(ds, dt.vx(shape, act), dt.vB(shape, act), dt.vC(shape, act), dt.vdt(shape),
+               dt.vy(shape));
+    const std::vector<float> ygpu = dt.y.download<float>(ycpu.size());
+    std::vector<float> rows[2][2];  // [flushed][cpu, gpu]
+    const size_t per_entry = size_t(W) * per_token;
+    for (int b = 0; b < B; ++b) {
+      auto& dst = rows[flushes[b] ? 1 : 0];
+      dst[0].insert(dst[0].end(), ycpu.begin() + b * per_entry, ycpu.begin() + (b + 1) * per_entry);
+      dst[1].insert(dst[1].end(), ygpu.begin() + b * per_entry, ygpu.begin() + (b + 1) * per_entry);
+    }
+    if (!rows[0][0].empty()) {
+      const double e = rel_l2(rows[0][1], rows[0][0]);
+      EXPECT_LT(e, 2e-5) << mode_name(mode) << " step " << step << " W " << W << " (no flush)";
+      worst_y_read = std::max(worst_y_read, e);
+    }
+    if (!rows[1][0].empty()) {
+      const double e = rel_l2(rows[1][1], rows[1][0]);
+      EXPECT_LT(e, y_tolerance(mode)) << mode_name(mode) << " step " << step << " W " << W;
+      worst_y_flush = std::max(worst_y_flush, e);
+    }
+    std::vector<int32_t> accepted(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) accepted[b] = 1 + int(rng() % W);
+    DeviceBytes dacc(accepted);
+    cpu.commit(hs, host_view(accepted.data(), DType::i32, {B}));
+    gpu.commit(ds, dview(dacc.ptr, DType::i32, {B}));
+    for (int b = 0; b < B; ++b) {
+      if (!flushes[b] && b % 8 != 0) continue;  // every flushed slot, a sample of the rest
+      const int s = slots[b];
+      const SlotDiff d = compare_slot(shape, cfg, cpu.impl().read_slot(s), gpu.impl().read_slot(s));
+      EXPECT_TRUE(d.cursors_equal) << "slot " << s << " step " << step;
+      EXPECT_TRUE(d.ring_equal) << "slot " << s << " step " << step;
+      EXPECT_LT(d.ckpt_rel, mode == Mode::fp32 ? 1e-5 : 1e-3) << "slot " << s << " step " << step;
+      worst_ckpt = std::max(worst_ckpt, d.ckpt_rel);
+      if (mode != Mode::fp32) mismatched += d.code_mismatch, code_bytes += d.code_bytes;
+    }
+  }
+  EXPECT_EQ(cpu.stats().flushes, gpu.stats().flushes);
+  if (expect_mixed_w1) {
+    EXPECT_GT(mixed_w1_steps, 0) << mode_name(mode);
+  }
+  const double frac = double(mismatched) / double(std::max<size_t>(code_bytes, 1));
+  EXPECT_LT(frac, 1e-2) << mode_name(mode);
+  std::printf(
+      "[cuda-vs-cpu] batch %d mode %s act %s: worst y rel %.3g (no flush in the step) %.3g "
+      "(flush), worst ckpt rel %.3g, checkpoint bytes differing %.3g\n",
+      B, mode_name(mode), dtype_name(act), worst_y_read, worst_y_flush, worst_ckpt, frac);
 }
 
 // A batch large enough that verify_kernel serves several heads of a group per block (the chunk
