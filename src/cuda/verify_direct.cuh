@@ -54,6 +54,25 @@ struct DirectSmem {
   }
 };
 
+// 8 activations from their raw 16-byte vectors (one of 16-bit values, two of fp32).
+template <typename ActT>
+__device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], bool f16,
+                                         float (&x)[8]) {
+  if constexpr (sizeof(ActT) == 4) {
+    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
+                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = __uint_as_float(w[i]);
+  } else {
+    const uint32_t w[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = act_f32<ActT>(ActT(w[i] & 0xffffu), f16);
+      x[2 * i + 1] = act_f32<ActT>(ActT(w[i] >> 16), f16);
+    }
+  }
+}
+
 // verify_kernel's shared memory in VerifyVariant::chained_direct: no stages, the rows' gains and
 // ring terms instead.
 inline size_t verify_direct_smem(int L, int N, int P, int heads) {
@@ -81,13 +100,29 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (v < vectors) {
       const float* w = sm.head_w + r0 / P * L;
-#pragma unroll 8
-      for (int k = j; k < m; k += split) {
-        float x[8];
-        load8_act(x0 + ring_index(after, k, L) * entry_stride + r0, p.act_f16, x);
-        const float wk = w[k];
+      // kBatch entries' loads in flight at once (a runtime-bounded loop would leave the
+      // remainder's loads one round trip each).
+      constexpr int kBatch = sizeof(ActT) == 2 ? 8 : 4, kVecs = sizeof(ActT) / 2;
+      for (int k0 = j; k0 < m; k0 += kBatch * split) {
+        uint4 raw[kBatch][kVecs];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wk * x[i];
+        for (int b = 0; b < kBatch; ++b) {
+          const int k = k0 + b * split;
+          const uint4* src =
+              reinterpret_cast<const uint4*>(x0 + ring_index(after, k, L) * entry_stride + r0);
+#pragma unroll
+          for (int q = 0; q < kVecs; ++q) raw[b][q] = k < m ? src[q] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int k = k0 + b * split;
+          if (k >= m) break;
+          float x[8];
+          act8_f32<ActT>(raw[b], p.act_f16, x);
+          const float wk = w[k];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += wk * x[i];
+        }
       }
     }
     for (int o = split / 2; o > 0; o /= 2)
