@@ -84,9 +84,14 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         if constexpr (has_bf16_readout(kMode))
           if (verify_wide(p, lc.sm_count)) {
             if constexpr (has_direct_readout(kMode))
-              if (verify_direct_ok(kMode, p.P, p.N))
-                return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>,
-                                verify_direct_smem(p.L, p.N, p.P, p.heads_per_block));
+              if (verify_direct_ok(kMode, p.P, p.N)) {
+                const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
+                if (p.N == 128)
+                  return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>,
+                                  smem);
+                return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>,
+                                smem);
+              }
             return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
           }
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
@@ -138,9 +143,13 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
       if constexpr (has_direct_readout(kMode))
-        if (verify_direct_ok(kMode, P, N))
-          load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct>,
-                      verify_direct_smem(L, N, P, max_heads));
+        if (verify_direct_ok(kMode, P, N)) {
+          const size_t smem = verify_direct_smem(L, N, P, max_heads);
+          if (N == 128)
+            load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>, smem);
+          else
+            load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>, smem);
+        }
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
                   verify_smem(lc, L, N, 4, max_heads, kMode, false));
       load_kernel(verify_kernel<kMode, ActT, 8, kEntries, V::chained>,

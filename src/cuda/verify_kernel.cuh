@@ -71,13 +71,15 @@ __device__ __forceinline__ void verify_flush_heads(const ReplayParams& p, int sl
 // one head each (launch latency dominates there): each block checks its entry as validate_tokens
 // would and folds its own heads where the entry must flush. Otherwise validate_tokens and
 // flush_kernel ran before it.
-template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVariant>
+// kDirectBlocks: the direct readout's 64-column blocks per row (N / 64), 0 in the other variants.
+template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVariant,
+          int kDirectBlocks = 0>
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
   constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
-  static_assert(!kDirect || (kW == 1 && has_direct_readout(kMode)),
-                "the direct readout is W = 1, 8-bit codes");
+  static_assert(!kDirect || (kW == 1 && has_direct_readout(kMode) && kDirectBlocks > 0),
+                "the direct readout is W = 1, 8-bit codes, N = 64 kDirectBlocks");
   // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
   // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
   // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
@@ -152,9 +154,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
                             h0 + unit_head(u), unit_row0(u), m);
   };
   // The direct readout's first pieces are loaded while the block forms its weights.
-  DirectReader<kDirect ? kMode : Mode::shared_fp8> direct;
+  DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2> direct;
   if constexpr (kDirect) {
-    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P, N,
+    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P,
                 p.heads_per_block);
     direct.prefetch();
   } else {
@@ -275,7 +277,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P);
     direct_ring_pass<kMode, ActT>(p, sm, ds, sec, after, h0, m);
     __syncthreads();  // gain, ring
-    direct.run(p, sm.c_frag, ds, (int64_t(b) * H + h0) * P);
+    with_output_type(p.y, p.y_dtype,
+                     [&](auto* y) { direct.run(sm.c_frag, ds, y + (int64_t(b) * H + h0) * P); });
     finish_verify<ActT, false>(p, b, slot, G * chunks);
     return;
   }
