@@ -81,19 +81,16 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       if (one_launch) {  // W = 1 only (verify_in_one_launch)
         run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
       } else if (p.tokens == 1) {
-        if constexpr (has_bf16_readout(kMode))
-          if (verify_wide(p, lc.sm_count)) {
-            if constexpr (has_direct_readout(kMode))
-              if (verify_direct_ok(kMode, p.P, p.N)) {
-                const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
-                if (p.N == 128)
-                  return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>,
-                                  smem);
-                return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>,
-                                smem);
-              }
-            return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
+        if constexpr (has_direct_readout(kMode))
+          if (verify_direct_ok(kMode, p.P, p.N)) {
+            const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
+            if (p.N == 128)
+              return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>, smem);
+            return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>, smem);
           }
+        if constexpr (has_bf16_readout(kMode))
+          if (verify_wide(p, lc.sm_count))
+            return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
       } else if (p.tokens <= 4) {
         run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);

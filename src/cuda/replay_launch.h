@@ -52,12 +52,12 @@ inline bool verify_in_one_launch(const ReplayParams& p) {
 // (nemotron-h-8b: batch 16 to 64) take VerifyVariant::chained_wide: registers for 4 blocks
 // instead of 6 (H200: batch 64 separate-fp8 61.1 -> 57.2 us). Larger grids run several waves,
 // where 6 blocks per SM did better (batch 256: 201.9 vs 205.5 us).
-// Where the shape allows it (verify_direct_ok: 8-bit codes, N = 128 or 256), those steps read
-// their checkpoints with VerifyVariant::chained_direct instead (H200, spread phases, separate-fp8
-// / shared-fp8 against chained_wide: batch 64 60.0 -> 59.1 / 54.9 -> 51.5 us, session 14; with
-// the tile-by-tile walk of session 15, 49.4 / 41.2; bench/results/2026-11-30-h200-session15.md).
-// Over several waves (batch 256) its first version lost 2%, so larger grids keep the staged
-// readout.
+// Where the shape allows it (verify_direct_ok: 8-bit codes, N = 128 or 256), every chained
+// decode step reads its checkpoints with VerifyVariant::chained_direct instead, one wave or
+// several (H200, spread phases, separate-fp8 / shared-fp8 against chained_wide: batch 64 60.0 ->
+// 59.1 / 54.9 -> 51.5 us, session 14; with the tile-by-tile walk of session 15, 49.4 / 41.2, and
+// at batch 256 against chained 198.7 -> 171.6 / 175.0 -> 147.0;
+// bench/results/2026-11-30-h200-session15.md).
 inline constexpr int kWideBlocksPerSm = 4;
 inline bool verify_wide(const ReplayParams& p, int sm_count) {
   return p.tokens == 1 && int64_t(p.batch) * p.H / p.heads_per_block <= kWideBlocksPerSm * sm_count;
