@@ -61,7 +61,8 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
 // specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
-// the step runs (VerifyVariant: verify_in_one_launch, verify_wide, else chained).
+// the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok at W = 1, verify_wide, else
+// chained).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
