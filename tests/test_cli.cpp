@@ -309,6 +309,9 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
           "--repeats 1 --flush-cycles 1 -o json");
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
+  // What the timings ran on is recorded beside them.
+  EXPECT_NE(j["device"].get<std::string>().find("OpenMP threads"), std::string::npos)
+      << j["device"];
   ASSERT_EQ(j["rows"].size(), 12u);  // 2 windows x (2 standard + 4 replay modes)
   for (const auto& row : j["rows"]) {
     const double us = row["us_per_step"].get<double>();

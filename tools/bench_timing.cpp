@@ -1,5 +1,8 @@
 #include "bench_timing.h"
 
+#include <fmt/format.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -160,6 +163,23 @@ double copy_bandwidth_gbs(BackendKind backend, void* stream, int repeats) {
   return median(gbs);
 #else
   (void)stream;
+  fail("bench: this build has no CUDA support");
+#endif
+}
+
+std::string device_description(BackendKind backend) {
+  if (backend == BackendKind::cpu) return fmt::format("{} OpenMP threads", omp_get_max_threads());
+#if REPLAYSSM_WITH_CUDA
+  int device = 0, sm_khz = 0, mem_khz = 0;
+  cuda_check(cudaGetDevice(&device), "current device");
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device), "device properties");
+  cuda_check(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device), "clock rate");
+  cuda_check(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device),
+             "memory clock rate");
+  return fmt::format("{}, {} SMs, peak clocks {} MHz SM / {} MHz memory", prop.name,
+                     prop.multiProcessorCount, sm_khz / 1000, mem_khz / 1000);
+#else
   fail("bench: this build has no CUDA support");
 #endif
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "replayssm/cache.h"
 
@@ -21,6 +22,11 @@ double time_steps(BackendKind backend, void* stream, int steps, int repeats, boo
 // copy in the backend's memory (a device-to-device cudaMemcpyAsync of 2 x 512 MiB on CUDA, timed
 // with events; an OpenMP-parallel memcpy of 2 x 256 MiB on the CPU), median of `repeats`.
 double copy_bandwidth_gbs(BackendKind backend, void* stream, int repeats);
+
+// What the timings ran on, for the record beside them: on CUDA the current device's name, SM
+// count and rated peak SM and memory clocks (the runtime reports no current clocks; nvidia-smi
+// does), on the CPU the OpenMP thread count.
+std::string device_description(BackendKind backend);
 
 // A fresh non-blocking CUDA stream (cuda builds only), for work outside a cache's own stream.
 void* new_cuda_stream();

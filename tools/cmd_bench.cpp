@@ -111,6 +111,7 @@ struct Context {
   void* stream = nullptr;  // for the standard kernel on CUDA
   std::mt19937_64 rng;
   double copy_gbs = 0;  // measured copy bandwidth, the ceiling
+  std::string device;   // device_description()
   // Per-draft acceptance (core/acceptance.h), solved from --accept-mean at the largest window
   // benchmarked and kept for every window, as a drafter's acceptance rate would be.
   double accept_rate = 0;
@@ -352,9 +353,9 @@ void print_header(const BenchArgs& a, const Context& cx) {
                                    : fmt::format(", per-draft acceptance {:.3f} (mean accepted{})",
                                                  cx.accept_rate, accepted_by_window);
     fmt::print(
-        "replayssm bench: {} backend, H={} P={} N={} G={}, history {}{}, median of {} runs{}; copy "
-        "bandwidth {:.0f} GB/s (read + write)\n\n",
-        backend_name(cx.backend), cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
+        "replayssm bench: {} backend ({}), H={} P={} N={} G={}, history {}{}, median of {} runs{}; "
+        "copy bandwidth {:.0f} GB/s (read + write)\n\n",
+        backend_name(cx.backend), cx.device, cx.shape.nheads, cx.shape.headdim, cx.shape.dstate,
         cx.shape.ngroups, a.history, acceptance, a.repeats,
         std::string(a.spread() ? ", flush phases spread" : ", flush phases in lockstep") +
             (a.cold_cache ? ", caches scrubbed before every step" : ""),
@@ -404,6 +405,7 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
   fmt::print("{}\n",
              nlohmann::json{
                  {"backend", backend_name(cx.backend)},
+                 {"device", cx.device},
                  {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
                  {"history", a.history},
                  {"accept_mean", a.accept_mean},
@@ -442,6 +444,7 @@ void run_bench(const BenchArgs& a) {
   }
   if (cx.backend == BackendKind::cuda) cx.stream = new_cuda_stream();
   cx.copy_gbs = copy_bandwidth_gbs(cx.backend, cx.stream, std::max(a.repeats, 5));
+  cx.device = device_description(cx.backend);
   if (a.check)
     for (Mode m : modes)
       for (int W : a.windows) check_against_cpu(cx, m, W);
