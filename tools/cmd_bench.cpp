@@ -110,8 +110,8 @@ struct Context {
   DType act = DType::bf16;
   void* stream = nullptr;  // for the standard kernel on CUDA
   std::mt19937_64 rng;
-  double copy_gbs = 0;  // measured copy bandwidth, the ceiling
-  std::string device;   // device_description()
+  double copy_gbs = 0;   // measured copy bandwidth, the ceiling
+  std::string device{};  // device_description()
   // Per-draft acceptance (core/acceptance.h), solved from --accept-mean at the largest window
   // benchmarked and kept for every window, as a drafter's acceptance rate would be.
   double accept_rate = 0;
