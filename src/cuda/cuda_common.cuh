@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/formats.h"
 #include "replayssm/error.h"
@@ -134,18 +135,35 @@ __device__ __forceinline__ float load_scalar(const void* p, DType dtype, int64_t
   }
 }
 
-__device__ __forceinline__ void store_scalar(void* p, DType dtype, int64_t i, float v) {
+// The converted value of a float as an output element of type YT (fp32, bf16 or fp16).
+template <typename YT>
+__device__ __forceinline__ YT output_from_f32(float v) {
+  if constexpr (std::is_same_v<YT, float>)
+    return v;
+  else if constexpr (std::is_same_v<YT, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
+
+// f(YT*) with the output type of `dtype`: a loop of stores inside f switches on it once.
+template <typename F>
+__device__ __forceinline__ void with_output_type(void* y, DType dtype, F&& f) {
   switch (dtype) {
     case DType::f32:
-      static_cast<float*>(p)[i] = v;
-      return;
+      return f(static_cast<float*>(y));
     case DType::bf16:
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-      return;
+      return f(static_cast<__nv_bfloat16*>(y));
     default:
-      static_cast<__half*>(p)[i] = __float2half_rn(v);
-      return;
+      return f(static_cast<__half*>(y));
   }
+}
+
+__device__ __forceinline__ void store_scalar(void* p, DType dtype, int64_t i, float v) {
+  with_output_type(p, dtype, [&](auto* y) {
+    using YT = std::remove_pointer_t<decltype(y)>;
+    y[i] = output_from_f32<YT>(v);
+  });
 }
 
 // Row reductions over `lanes` (a power of two <= 32) lanes, halving from lanes / 2 down to 1.

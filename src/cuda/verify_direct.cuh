@@ -2,8 +2,6 @@
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
-#include <type_traits>
-
 #include "cuda/replay_common.cuh"
 #include "cuda/verify_mma.cuh"
 #include "cuda/verify_staging.cuh"
@@ -144,30 +142,6 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
         ds.ring[r0 + i] = acc[i];
       }
     }
-  }
-}
-
-// The converted value of a float as an output element of type YT (fp32, bf16 or fp16).
-template <typename YT>
-__device__ __forceinline__ YT output_from_f32(float v) {
-  if constexpr (std::is_same_v<YT, float>)
-    return v;
-  else if constexpr (std::is_same_v<YT, __nv_bfloat16>)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
-}
-
-// f(YT*) with the output type of `dtype`: the readout's stores then need no run-time switch.
-template <typename F>
-__device__ __forceinline__ void with_output_type(void* y, DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32:
-      return f(static_cast<float*>(y));
-    case DType::bf16:
-      return f(static_cast<__nv_bfloat16*>(y));
-    default:
-      return f(static_cast<__half*>(y));
   }
 }
 
