@@ -460,13 +460,15 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     check_steps_against_cpu({16, 16, 64, 2}, 192, mode, 52, window, true);
 }
 
-// Decode steps (W = 1) of batches above the one-launch limit whose 8-bit checkpoints are read
-// out by VerifyVariant::chained_direct at the presets' headdim and dstate (4 tiles per head,
-// 2 and 4 column blocks per row; the shape above has one), across two flushes.
+// Decode steps (W = 1) of batches above the one-launch limit, and verify steps, whose 8-bit and
+// nvfp4 checkpoints are read out by VerifyVariant::chained_direct at the presets' headdim and
+// dstate (4 tiles per head, 2 and 4 column blocks per row; the shape above, dstate 64, does not
+// take it), across two flushes.
 TEST(CudaBackend, DirectReadoutMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto decode = [](int, std::mt19937_64&) { return 1; };
-  for (Mode mode : {Mode::shared_fp8, Mode::shared_int8, Mode::separate_fp8}) {
+  for (Mode mode :
+       {Mode::shared_fp8, Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 36, decode, false);
     check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 20, decode, false);
   }
@@ -474,6 +476,15 @@ TEST(CudaBackend, DirectReadoutMatchesCpu) {
   // through its own).
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 20, decode, false, act);
+  // Speculative windows (W = 2 to 4 take the kW = 4 instantiation, every column of the tensor
+  // cores' window; 5 to 8 the staged readout), the accepted counts spreading the slots' phases.
+  auto speculative = [](int, std::mt19937_64& rng) { return 1 + int(rng() % 8); };
+  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
+    check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 16, speculative, false);
+  }
+  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
+                          DType::f32);
 }
 
 TEST(CudaBackend, ImportStateMatchesCpu) {

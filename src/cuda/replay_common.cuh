@@ -177,24 +177,27 @@ struct StepSmem {
   // are formed while the current one's are read.
   float* w;    // [2, windows, L]  w_jk (+ D when k = i)
   float* dec;  // [2, windows]     exp(A L_i)
-  // W = 1: the weights of every head of the block, formed once before the readout.
-  float* head_delta;  // [heads, L]  delta_k of each head
-  float* head_w;      // [heads, L]  w_k (+ D when k = i)
-  float* head_dec;    // [heads]     exp(A L_i)
+  // W = 1 and the direct readout (all_heads): the weights of every head of the block, formed
+  // once before the readout.
+  float* head_delta;  // [heads, L]           delta_k of each head
+  float* head_w;      // [heads, windows, L]  w_jk (+ D when k = i)
+  float* head_dec;    // [heads, windows]     exp(A L_i)
   // Tensor-core readout: B fragments of the window's C (build_c_fragments).
   float* c_unscale;  // [8]           undoes C_j's fp16 scaling and the decoder's own factor
   uint2* c_frag;     // [N / 16, 32]  k-step s, lane
 
-  __host__ __device__ static size_t head_floats(int L, int windows, int heads) {
-    return windows == 1 ? size_t(heads) * (2 * L + 1) : 0;
+  __host__ __device__ static size_t head_floats(int L, int windows, int heads, bool all_heads) {
+    return windows == 1 || all_heads ? size_t(heads) * (L + windows * (L + 1)) : 0;
   }
-  __host__ __device__ static size_t bytes(int L, int N, int windows, int heads, bool mma) {
-    const size_t floats =
-        size_t(L) * N + size_t(windows) * (2 * N + 3 * L + 2) + head_floats(L, windows, heads) + 8;
+  __host__ __device__ static size_t bytes(int L, int N, int windows, int heads, bool mma,
+                                          bool all_heads = false) {
+    const size_t floats = size_t(L) * N + size_t(windows) * (2 * N + 3 * L + 2) +
+                          head_floats(L, windows, heads, all_heads) + 8;
     const size_t frag_offset = (sizeof(float) * floats + 15) / 16 * 16;
     return frag_offset + (mma ? size_t(N) / 16 * 32 * sizeof(uint2) : 0);  // 16-byte multiple
   }
-  __device__ static StepSmem carve(float* base, int L, int N, int windows, int heads) {
+  __device__ static StepSmem carve(float* base, int L, int N, int windows, int heads,
+                                   bool all_heads = false) {
     StepSmem s;
     s.B = base;
     s.C = s.B + L * N;
@@ -204,9 +207,11 @@ struct StepSmem {
     s.dec = s.w + 2 * windows * L;
     s.head_delta = s.dec + 2 * windows;
     s.head_w = s.head_delta + heads * L;
-    s.head_dec = s.head_w + heads * L;
-    s.c_unscale = s.head_delta + head_floats(L, windows, heads);  // head_* only at W = 1
-    s.c_frag = reinterpret_cast<uint2*>(base + bytes(L, N, windows, heads, false) / sizeof(float));
+    s.head_dec = s.head_w + heads * windows * L;
+    // head_* only at W = 1 and with all_heads
+    s.c_unscale = s.head_delta + head_floats(L, windows, heads, all_heads);
+    s.c_frag = reinterpret_cast<uint2*>(base + bytes(L, N, windows, heads, false, all_heads) /
+                                                   sizeof(float));
     return s;
   }
 };

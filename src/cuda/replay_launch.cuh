@@ -61,8 +61,8 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
 // specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
-// the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok at W = 1, verify_wide, else
-// chained).
+// the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok and verify_direct_fits at
+// W <= kDirectMaxWindow, verify_wide, else chained).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
@@ -79,23 +79,31 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
     auto with_window = [&]<int kEntries>() {
+      // Every chained step whose shape the direct readout is compiled for takes it.
+      auto run_direct = [&]<int kW>() {
+        const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block, kW);
+        if (p.N == 128)
+          return run_with(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 2>, smem);
+        run_with(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 4>, smem);
+      };
+      auto direct = [&](int windows) {
+        return !one_launch && verify_direct_ok(kMode, p.P, p.N) &&
+               verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows);
+      };
       if (one_launch) {  // W = 1 only (verify_in_one_launch)
         run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
       } else if (p.tokens == 1) {
         if constexpr (has_direct_readout(kMode))
-          if (verify_direct_ok(kMode, p.P, p.N)) {
-            const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block);
-            if (p.N == 128)
-              return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>, smem);
-            return run_with(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>, smem);
-          }
+          if (direct(1)) return run_direct.template operator()<1>();
         if constexpr (has_bf16_readout(kMode))
           if (verify_wide(p, lc.sm_count))
             return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
       } else if (p.tokens <= 4) {
+        if constexpr (has_direct_readout(kMode))
+          if (direct(4)) return run_direct.template operator()<kDirectMaxWindow>();
         run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);
-      } else {
+      } else {  // W > kDirectMaxWindow: staged
         run(verify_kernel<kMode, ActT, 8, kEntries, V::chained>, 8);
       }
     };
@@ -140,13 +148,17 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       if constexpr (has_bf16_readout(kMode))
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
+      auto load_direct = [&]<int kW>() {  // the largest block a launch may take (fits)
+        const size_t smem = std::min(verify_direct_smem(L, N, P, max_heads, kW), kDirectMaxSmem);
+        if (N == 128)
+          load_kernel(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 2>, smem);
+        else
+          load_kernel(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 4>, smem);
+      };
       if constexpr (has_direct_readout(kMode))
         if (verify_direct_ok(kMode, P, N)) {
-          const size_t smem = verify_direct_smem(L, N, P, max_heads);
-          if (N == 128)
-            load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 2>, smem);
-          else
-            load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_direct, 4>, smem);
+          load_direct.template operator()<1>();
+          load_direct.template operator()<kDirectMaxWindow>();
         }
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
                   verify_smem(lc, L, N, 4, max_heads, kMode, false));

@@ -1,4 +1,4 @@
-// The W = 1 readout from registers (VerifyVariant::chained_direct).
+// The readout from registers (VerifyVariant::chained_direct), at windows up to kDirectMaxWindow.
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 namespace replayssm::cuda {
 
-// ---- W = 1 tensor-core readout from registers (VerifyVariant::chained_direct) ---------------
+// ---- tensor-core readout from registers (VerifyVariant::chained_direct) ----------------------
 // The staged readout above spends most of a unit's instructions on the staging itself (cp.async
 // issue, barriers, the ring term per tile: about 270 of 365 per warp and unit, H200 session 10).
 // Here each lane loads its own A fragments from global memory: lane (g, t) reads bytes 16t..
@@ -23,14 +23,23 @@ namespace replayssm::cuda {
 // and no address is recomputed per piece (a piece-by-piece walk over a run-time N spent about 95
 // instructions per piece beside its 4 MMAs and 16 conversions; H200 session 15, ncu: the
 // verify's warp instructions 13.3 M -> 8.0 M, W = 1 batch 64 separate-fp8 56.2 -> 49.4 us).
+// At W > 1 the same MMAs fill the window's columns (n = 8 of the m16n8k16 shape: at W = 1 seven
+// of them are zeros), and the ring term of every (row, window) pair is formed before the walk
+// like W = 1's, from every head's weights formed at once (StepSmem all_heads). Windows of 5 to 8
+// keep the staged readout (kDirectMaxWindow): there the ring terms, 8 per row summed by the
+// CUDA cores, cost more than the tensor-core ring term of the staged variant saves (H200
+// session 16, batch 64 W = 8 shared-fp8 / separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1
+// direct; at W = 4 110.6 / 130.4 staged, 102.4 / 122.8 direct). separate-nvfp4 reads its
+// 64-byte pieces as 128 columns (8 k-steps) with the lane's two block scales (DirectPiece), which
+// its decoder multiplies into the codes (e2m1 times e4m3, exact in fp16): batch 64 W = 1 80.8
+// -> 63.2 us against the staged readout.
+inline constexpr int kDirectMaxWindow = 4;
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
 inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
 
-// The modes VerifyVariant::chained_direct is compiled for: 8-bit codes on the tensor cores
-// (nvfp4 keeps the staged readout).
-__host__ __device__ constexpr bool has_direct_readout(Mode mode) {
-  return has_bf16_readout(mode) && mode != Mode::separate_nvfp4;
-}
+// The modes VerifyVariant::chained_direct is compiled for: every mode read on the tensor cores
+// (8-bit codes and nvfp4).
+__host__ __device__ constexpr bool has_direct_readout(Mode mode) { return has_bf16_readout(mode); }
 // Whether a shape can take it: 16-row tiles of 128 or 256 columns (DirectReader is specialised
 // for the column count; every preset's dstate is one of them).
 __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
@@ -38,22 +47,24 @@ __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
 }
 
 struct DirectPiece {
-  uint4 lo, hi;  // 16 codes of rows g and g + 8 of one tile, one 64-column block
+  uint4 lo, hi;  // 16 code bytes of rows g and g + 8 of one tile, one 64-byte piece
+  uint16_t scales_lo, scales_hi;  // nvfp4: the e4m3 scales of their 2 blocks of 16 columns
 };
 
-// Shared memory of the direct readout, after StepSmem: per row r of the block's heads
-//   gain[r] = exp(A L_i) * c_unscale * scale_r,   ring[r] = sum_{k < m} w_k x_k[r]
-// so that y[r] = gain[r] * (codes_r . C) + ring[r].
+// Shared memory of the direct readout, after StepSmem: per row r of the block's heads and
+// window column j (i = c + j)
+//   gain[r][j] = exp(A L_i) * c_unscale_j * scale_r,   ring[r][j] = sum_{k <= i} w_jk x_k[r]
+// so that y_j[r] = gain[r][j] * (codes_r . C_j) + ring[r][j].
 struct DirectSmem {
-  float* gain;  // [heads_per_block * P]
-  float* ring;  // [heads_per_block * P]
-  __host__ __device__ static size_t bytes(int heads, int P) {
-    return 2 * size_t(heads) * P * sizeof(float);
+  float* gain;  // [heads_per_block * P, windows]
+  float* ring;  // [heads_per_block * P, windows]
+  __host__ __device__ static size_t bytes(int heads, int P, int windows) {
+    return 2 * size_t(heads) * P * windows * sizeof(float);
   }
-  __device__ static DirectSmem carve(uint8_t* base, int heads, int P) {
+  __device__ static DirectSmem carve(uint8_t* base, int heads, int P, int windows) {
     DirectSmem d;
     d.gain = reinterpret_cast<float*>(base);
-    d.ring = d.gain + heads * P;
+    d.ring = d.gain + heads * P * windows;
     return d;
   }
 };
@@ -77,22 +88,33 @@ __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], b
   }
 }
 
-// verify_kernel's shared memory in VerifyVariant::chained_direct: no stages, the rows' gains and
-// ring terms instead.
-inline size_t verify_direct_smem(int L, int N, int P, int heads) {
-  return StepSmem::bytes(L, N, 1, heads, true) + DirectSmem::bytes(heads, P);
+// verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1, 4
+// or 8): no stages, every head's weights and the rows' gains and ring terms instead.
+inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows) {
+  return StepSmem::bytes(L, N, windows, heads, true, true) + DirectSmem::bytes(heads, P, windows);
+}
+// The most shared memory a direct readout block takes: its gains and ring terms grow with the
+// window (2 W floats per row), and the blocks of a large group at W = 8 would need more than a
+// block may have (falcon-h1-7b: 24 heads of 128 rows, about 250 KB); such steps keep the staged
+// readout.
+inline constexpr size_t kDirectMaxSmem = 100 * 1024;
+inline bool verify_direct_fits(int L, int N, int P, int heads, int windows) {
+  return verify_direct_smem(L, N, P, heads, windows) <= kDirectMaxSmem;
 }
 
-// The ring term and gains of the block's rows (heads h0.., `rows` = heads_per_block * P of them)
-// at W = 1. Rows go in vectors of 8 (of one head, P % 8 == 0); `split` adjacent lanes share a
-// vector (as many as the block has threads to spare, a power of two), lane j summing entries
-// j, j + split, ... before the lanes add their sums. The window's x (k = c) is read from the
-// ring, where this block wrote it before the barrier that precedes the call.
-template <Mode kMode, typename ActT>
+// The ring terms and gains of the block's rows (heads h0.., heads_per_block * P rows) for the
+// window's columns j < W. Rows go in vectors of 8 (of one head, P % 8 == 0); `split` adjacent
+// lanes share a vector (as many as the block has threads to spare, a power of two), lane j summing
+// entries j, j + split, ... before the lanes add their sums. The windows go in groups of kJ, each
+// a pass over the entries (8 kJ accumulators: the DirectReader's first tiles are held in
+// registers through this). The window's x (k >= c) is read from the ring, where this block wrote
+// it before the barrier that precedes the call; w_jk is 0 for k > i, so every pass sums k < m.
+template <Mode kMode, typename ActT, int kW>
 __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const StepSmem& sm,
                                                  const DirectSmem& ds, const SlotSections& sec,
                                                  const SlotCursors& after, int h0, int m) {
-  const int P = p.P, L = p.L, vectors = p.heads_per_block * P / 8;
+  constexpr int kJ = kW < 2 ? kW : 2;
+  const int P = p.P, L = p.L, W = p.tokens, vectors = p.heads_per_block * P / 8;
   int split = 1;
   while (split < 32 && 2 * split * vectors <= int(blockDim.x)) split *= 2;
   const int j = threadIdx.x % split, per_pass = blockDim.x / split;
@@ -100,94 +122,160 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   const ActT* x0 = static_cast<const ActT*>(sec.ring_x) + int64_t(h0) * P;
   const float* scales = (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P;
   for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
-    const int v = v0 + threadIdx.x / split, r0 = 8 * v;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (v < vectors) {
-      const float* w = sm.head_w + r0 / P * L;
-      // kBatch entries' loads in flight at once (a runtime-bounded loop would leave the
-      // remainder's loads one round trip each).
-      constexpr int kBatch = sizeof(ActT) == 2 ? 8 : 4, kVecs = sizeof(ActT) / 2;
-      for (int k0 = j; k0 < m; k0 += kBatch * split) {
-        uint4 raw[kBatch][kVecs];
+    const int v = v0 + threadIdx.x / split, r0 = 8 * v, hh = r0 / P;
+    for (int j0 = 0; j0 < W; j0 += kJ) {
+      float acc[kJ][8];
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int k = k0 + b * split;
-          const uint4* src =
-              reinterpret_cast<const uint4*>(x0 + ring_index(after, k, L) * entry_stride + r0);
+      for (int jj = 0; jj < kJ; ++jj)
 #pragma unroll
-          for (int q = 0; q < kVecs; ++q) raw[b][q] = k < m ? src[q] : make_uint4(0, 0, 0, 0);
-        }
+        for (int i = 0; i < 8; ++i) acc[jj][i] = 0.f;
+      if (v < vectors) {
+        const float* w = sm.head_w + (hh * kW + j0) * L;  // [kJ, L] of this head
+        // kBatch entries' loads in flight at once (a runtime-bounded loop would leave the
+        // remainder's loads one round trip each).
+        constexpr int kBatch = sizeof(ActT) == 2 ? 8 : 4, kVecs = sizeof(ActT) / 2;
+        for (int k0 = j; k0 < m; k0 += kBatch * split) {
+          uint4 raw[kBatch][kVecs];
 #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const int k = k0 + b * split;
-          if (k >= m) break;
-          float x[8];
-          act8_f32<ActT>(raw[b], p.act_f16, x);
-          const float wk = w[k];
+          for (int b = 0; b < kBatch; ++b) {
+            const int k = k0 + b * split;
+            const uint4* src =
+                reinterpret_cast<const uint4*>(x0 + ring_index(after, k, L) * entry_stride + r0);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] += wk * x[i];
+            for (int q = 0; q < kVecs; ++q) raw[b][q] = k < m ? src[q] : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            const int k = k0 + b * split;
+            if (k >= m) break;
+            float x[8];
+            act8_f32<ActT>(raw[b], p.act_f16, x);
+#pragma unroll
+            for (int jj = 0; jj < kJ; ++jj) {
+              const float wk = w[jj * L + k];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[jj][i] += wk * x[i];
+            }
+          }
         }
       }
-    }
-    for (int o = split / 2; o > 0; o /= 2)
+      for (int o = split / 2; o > 0; o /= 2)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-    if (v < vectors && j == 0) {
-      float s[8];
-      load8(scales + r0, s);
-      const float dec = sm.head_dec[r0 / P] * sm.c_unscale[0];
+        for (int jj = 0; jj < kJ; ++jj)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        ds.gain[r0 + i] = dec * s[i];
-        ds.ring[r0 + i] = acc[i];
+          for (int i = 0; i < 8; ++i) acc[jj][i] += __shfl_xor_sync(0xffffffffu, acc[jj][i], o);
+      if (v < vectors && j == 0) {
+        float s[8];
+        load8(scales + r0, s);
+#pragma unroll
+        for (int jj = 0; jj < kJ; ++jj) {
+          const int jw = j0 + jj;
+          if (jw >= W) break;
+          const float dec = sm.head_dec[hh * kW + jw] * sm.c_unscale[jw];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            ds.gain[(r0 + i) * kW + jw] = dec * s[i];
+            ds.ring[(r0 + i) * kW + jw] = acc[jj][i];
+          }
+        }
       }
     }
   }
 }
 
-// One warp's walk over its tiles (tile w, w + warps, ... of the block's rows; every tile is
-// kBlocks 64-column pieces, N = 64 kBlocks): prefetch() requests the first kAhead tiles (before
-// the block's prologue), run() reads out every tile and writes y. The walk is tile by tile with
-// the pieces of a tile unrolled, and each piece's buffer is reloaded as soon as its codes are
-// converted, so that no register moves between buffers and no address is recomputed per piece.
+// One warp's walk over its tiles (tile w, w + warps, ... of the block's rows; N = 64 kBlocks
+// columns, a row of kRowBytes code bytes in 64-byte pieces: 64 columns of 8-bit codes, 128 of
+// nvfp4): prefetch() requests the first kAhead tiles (before the block's prologue), run() reads
+// out every tile and writes y. The walk is tile by tile with a tile's pieces unrolled, and each
+// piece's buffer is reloaded as soon as its codes are converted, so that no register moves
+// between buffers and no address is recomputed per piece. nvfp4: lane t's 32 codes of a row
+// piece are 2 blocks of 16 (2t, 2t + 1 of the piece's 8), whose e4m3 scales come with the piece.
 template <Mode kMode, int kBlocks>
 struct DirectReader {
-  static constexpr int kN = 64 * kBlocks;  // dstate: bytes per code row
-  static constexpr int kAhead = kDirectDepth / kBlocks > 0 ? kDirectDepth / kBlocks : 1;
-  const uint8_t* next;  // the next tile to request: its row g, byte 16 t
-  int64_t stride;       // bytes from one of this warp's tiles to its next
-  int tiles;            // this warp's tiles
-  DirectPiece buf[kAhead][kBlocks];
+  static constexpr bool kFp4 = kMode == Mode::separate_nvfp4;
+  static constexpr int kN = 64 * kBlocks;                 // dstate
+  static constexpr int kRowBytes = kFp4 ? kN / 2 : kN;    // code bytes per row
+  static constexpr int kPieces = kRowBytes / 64;          // per row (and tile)
+  static constexpr int kSteps = kFp4 ? 8 : 4;             // k-steps of 16 columns per piece
+  static constexpr int kScaleBytes = kFp4 ? kN / 16 : 0;  // nvfp4 block scales per row
+  static constexpr int kAhead = kDirectDepth / kPieces > 0 ? kDirectDepth / kPieces : 1;
+  static_assert(kPieces >= 1, "a row of at least 64 code bytes");
+  const uint8_t* next;         // the next tile to request: its row g, byte 16 t
+  const uint8_t* next_scales;  // nvfp4: the same tile's row g, block 2 t
+  int64_t stride;              // code bytes from one of this warp's tiles to its next
+  int tiles;                   // this warp's tiles
+  DirectPiece buf[kAhead][kPieces];
 
-  __device__ void init(const uint8_t* codes /* [H * P, kN] */, int h0, int P, int heads) {
+  // codes [H * P, kRowBytes], block_scales [H * P, kN / 16] (nvfp4; else unused)
+  __device__ void init(const uint8_t* codes, const uint8_t* block_scales, int h0, int P,
+                       int heads) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const int all = heads * P / 16;
     tiles = all > warp ? (all - warp + warps - 1) / warps : 0;
-    next = codes + (int64_t(h0) * P + 16 * warp + lane / 4) * kN + 16 * (lane % 4);
-    stride = int64_t(warps) * 16 * kN;
+    const int64_t row = int64_t(h0) * P + 16 * warp + lane / 4;
+    next = codes + row * kRowBytes + 16 * (lane % 4);
+    next_scales = kFp4 ? block_scales + row * kScaleBytes + 2 * (lane % 4) : nullptr;
+    stride = int64_t(warps) * 16 * kRowBytes;
   }
-  __device__ __forceinline__ void request(DirectPiece& q, int blk) const {
-    q.lo = __ldcs(reinterpret_cast<const uint4*>(next + 64 * blk));
-    q.hi = __ldcs(reinterpret_cast<const uint4*>(next + 64 * blk + 8 * kN));
+  __device__ __forceinline__ void request(DirectPiece& q, int pc) const {
+    q.lo = __ldcs(reinterpret_cast<const uint4*>(next + 64 * pc));
+    q.hi = __ldcs(reinterpret_cast<const uint4*>(next + 64 * pc + 8 * kRowBytes));
+    if constexpr (kFp4) {
+      q.scales_lo = *reinterpret_cast<const uint16_t*>(next_scales + 8 * pc);
+      q.scales_hi = *reinterpret_cast<const uint16_t*>(next_scales + 8 * pc + 8 * kScaleBytes);
+    }
+  }
+  __device__ __forceinline__ void advance() {
+    next += stride;
+    if constexpr (kFp4) next_scales += stride / kRowBytes * kScaleBytes;
   }
   __device__ __forceinline__ void prefetch() {
 #pragma unroll
     for (int a = 0; a < kAhead; ++a) {
       if (a < tiles) {
 #pragma unroll
-        for (int blk = 0; blk < kBlocks; ++blk) request(buf[a][blk], blk);
+        for (int pc = 0; pc < kPieces; ++pc) request(buf[a][pc], pc);
       }
-      next += stride;
+      advance();
     }
   }
-  // y: row 0 of head h0 (W = 1), rows [heads * P].
-  template <typename YT>
-  __device__ __forceinline__ void run(const uint2* c_frag, const DirectSmem& ds, YT* y) {
+  // A piece's A fragments, k-step s of the piece in f[s] (kslot_col<kMode, true>).
+  __device__ __forceinline__ void convert(const DirectPiece& q, uint32_t (&f)[kSteps][4]) const {
+    const uint32_t lo[4] = {q.lo.x, q.lo.y, q.lo.z, q.lo.w};
+    const uint32_t hi[4] = {q.hi.x, q.hi.y, q.hi.z, q.hi.w};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if constexpr (kFp4) {
+        // Register r: columns 8 r.. of the lane's 32, in block 2 t + r / 2 of the piece.
+        const __half2 s_lo = e4m3_half2(uint8_t(q.scales_lo >> (8 * (r / 2))));
+        const __half2 s_hi = e4m3_half2(uint8_t(q.scales_hi >> (8 * (r / 2))));
+        const uint32_t lo_even = lo[r] & 0x0f0f0f0fu, lo_odd = (lo[r] >> 4) & 0x0f0f0f0fu;
+        const uint32_t hi_even = hi[r] & 0x0f0f0f0fu, hi_odd = (hi[r] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          f[2 * r + kk][0] = e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk, s_lo);
+          f[2 * r + kk][1] = e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk, s_hi);
+          f[2 * r + kk][2] = e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk + 1, s_lo);
+          f[2 * r + kk][3] = e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk + 1, s_hi);
+        }
+      } else {
+        f[r][0] = code8x2_f16x2<kMode>(lo[r], false);
+        f[r][1] = code8x2_f16x2<kMode>(hi[r], false);
+        f[r][2] = code8x2_f16x2<kMode>(lo[r], true);
+        f[r][3] = code8x2_f16x2<kMode>(hi[r], true);
+      }
+    }
+  }
+  // y: row 0 of head h0 in window column 0, rows [heads * P], window column j at j *
+  // window_stride (kW: W rounded up to 1, 4 or 8).
+  template <int kW, typename YT>
+  __device__ __forceinline__ void run(const uint2* c_frag, const DirectSmem& ds, YT* y, int W,
+                                      int64_t window_stride) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warps = blockDim.x / 32;
-    uint2 cf[4 * kBlocks];  // C's fragment of every k-step, one per lane
+    uint2 cf[kSteps * kPieces];  // C's fragment of every k-step (N / 16), one per lane
 #pragma unroll
-    for (int s = 0; s < 4 * kBlocks; ++s) cf[s] = c_frag[s * 32 + lane];
+    for (int s = 0; s < kSteps * kPieces; ++s) cf[s] = c_frag[s * 32 + lane];
     int row = 16 * (threadIdx.x / 32) + g;
     for (int t0 = 0; t0 < tiles; t0 += kAhead) {
 #pragma unroll
@@ -196,28 +284,28 @@ struct DirectReader {
         const bool more = t0 + a + kAhead < tiles;
         float d[4] = {0.f, 0.f, 0.f, 0.f};  // rows (g, g + 8) x window columns (2t, 2t + 1)
 #pragma unroll
-        for (int blk = 0; blk < kBlocks; ++blk) {
-          const uint32_t lo[4] = {buf[a][blk].lo.x, buf[a][blk].lo.y, buf[a][blk].lo.z,
-                                  buf[a][blk].lo.w};
-          const uint32_t hi[4] = {buf[a][blk].hi.x, buf[a][blk].hi.y, buf[a][blk].hi.z,
-                                  buf[a][blk].hi.w};
-          uint32_t f[4][4];  // k-step r's A fragment
+        for (int pc = 0; pc < kPieces; ++pc) {
+          uint32_t f[kSteps][4];
+          convert(buf[a][pc], f);
+          if (more) request(buf[a][pc], pc);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            f[r][0] = code8x2_f16x2<kMode>(lo[r], false);
-            f[r][1] = code8x2_f16x2<kMode>(hi[r], false);
-            f[r][2] = code8x2_f16x2<kMode>(lo[r], true);
-            f[r][3] = code8x2_f16x2<kMode>(hi[r], true);
-          }
-          if (more) request(buf[a][blk], blk);
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            mma_f16_16816(d, f[r][0], f[r][1], f[r][2], f[r][3], cf[4 * blk + r]);
+          for (int s = 0; s < kSteps; ++s)
+            mma_f16_16816(d, f[s][0], f[s][1], f[s][2], f[s][3], cf[kSteps * pc + s]);
         }
-        next += stride;
-        if (t == 0) {  // window column 0: d[0] (row g), d[2] (row g + 8)
-          y[row] = output_from_f32<YT>(ds.gain[row] * d[0] + ds.ring[row]);
-          y[row + 8] = output_from_f32<YT>(ds.gain[row + 8] * d[2] + ds.ring[row + 8]);
+        advance();
+        if constexpr (kW == 1) {
+          if (t == 0) {  // window column 0: d[0] (row g), d[2] (row g + 8)
+            y[row] = output_from_f32<YT>(ds.gain[row] * d[0] + ds.ring[row]);
+            y[row + 8] = output_from_f32<YT>(ds.gain[row + 8] * d[2] + ds.ring[row + 8]);
+          }
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {  // rows (g, g + 8) x window columns (2t, 2t + 1)
+            const int r = row + 8 * (q >> 1), j = 2 * t + (q & 1);
+            if (j < W)
+              y[j * window_stride + r] =
+                  output_from_f32<YT>(ds.gain[r * kW + j] * d[q] + ds.ring[r * kW + j]);
+          }
         }
         row += 16 * warps;
       }

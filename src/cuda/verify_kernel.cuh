@@ -38,8 +38,8 @@ enum class VerifyVariant {
   chained_wide,    // the same for W = 1 on the tensor cores, where the grid is one wave at 4
                    // blocks per SM: registers for 4 blocks instead of 6
   one_launch,      // the whole step in this kernel (validation, fold): small batches
-  chained_direct,  // W = 1, 8-bit codes on the tensor cores: A fragments loaded from global
-                   // memory into registers (DirectReader), no staging (verify_direct_ok)
+  chained_direct,  // codes on the tensor cores, W <= kDirectMaxWindow: A fragments loaded from
+                   // global memory into registers (DirectReader), no staging (verify_direct_ok)
 };
 
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     verify_kernel(const ReplayParams p) {
   constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
   constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
-  static_assert(!kDirect || (kW == 1 && has_direct_readout(kMode) && kDirectBlocks > 0),
-                "the direct readout is W = 1, 8-bit codes, N = 64 kDirectBlocks");
+  static_assert(!kDirect || (has_direct_readout(kMode) && kDirectBlocks > 0),
+                "the direct readout: codes on the tensor cores, N = 64 kDirectBlocks");
   // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
   // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
   // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
@@ -124,11 +124,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // registers.
   constexpr bool kMma = has_bf16_readout(kMode);
 
+  // Every head's weights at once at W = 1 and in the direct readout (all_heads).
   const StepSmem sm =
-      StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW, p.heads_per_block);
+      StepSmem::carve(reinterpret_cast<float*>(smem_raw), L, N, kW, p.heads_per_block, kDirect);
   const VerifyStage vs = VerifyStage::make(kMode, sizeof(ActT), P, N, L);
-  uint8_t* stages =
-      reinterpret_cast<uint8_t*>(smem_raw) + StepSmem::bytes(L, N, kW, p.heads_per_block, kMma);
+  uint8_t* stages = reinterpret_cast<uint8_t*>(smem_raw) +
+                    StepSmem::bytes(L, N, kW, p.heads_per_block, kMma, kDirect);
   const int units_per_head = P / vs.rows, units = p.heads_per_block * units_per_head;
   // Unit u is rows row0.. of head h0 + hh; a head is one unit whenever its codes fit a stage
   // (every preset at 8 bits), and then no division is needed.
@@ -140,7 +141,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // W > 1 on the tensor cores with bf16 activations: the ring term on the tensor cores too
   // (ring_term_mma), which reads whole 16-entry steps of the staged x: rows m.. of every stage are
   // zeroed once (the copies write rows < m only), so that they add 0 x 0.
-  const bool ring_mma = kMma && kW > 1 && sizeof(ActT) == 2 && !p.act_f16 && L % 16 == 0;
+  const bool ring_mma =
+      kMma && !kDirect && kW > 1 && sizeof(ActT) == 2 && !p.act_f16 && L % 16 == 0;
   if (ring_mma) {
     for (int s = 0; s < kStages; ++s) {
       uint16_t* x0 = reinterpret_cast<uint16_t*>(vs.view(stages + s * vs.bytes).ring_x);
@@ -156,8 +158,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // The direct readout's first pieces are loaded while the block forms its weights.
   DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2> direct;
   if constexpr (kDirect) {
-    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P,
-                p.heads_per_block);
+    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec),
+                sec.read_block_scale, h0, P, p.heads_per_block);
     direct.prefetch();
   } else {
     for (int u = 0; u < kStages - 1; ++u) {
@@ -215,9 +217,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     // After a fold in this kernel, by the entry's last block (finish_verify).
     if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
-  if constexpr (kW == 1) {
-    // W = 1: the deltas of every head of the block, loaded with the staging above (the window's
-    // come from dt, not from the ring positions written there).
+  if constexpr (kW == 1 || kDirect) {
+    // W = 1 and direct: the deltas of every head of the block, loaded with the staging above (the
+    // window's come from dt, not from the ring positions written there).
     // (head, entry) pairs as t = hh L + k (L a power of two): no division by m.
     const int log2_L = __ffs(L) - 1;
     for (int t = threadIdx.x; t < p.heads_per_block * L; t += blockDim.x) {
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // Tensor-core path at W > 1: lane k of every warp holds delta_k of the next head whose weights
   // are to be formed (loaded a head ahead); the first head's are formed here.
   float delta_ahead = 0.f;
-  if constexpr (kMma && kW > 1) {
+  if constexpr (kMma && kW > 1 && !kDirect) {
     const int lane = threadIdx.x % 32;
     const float delta_first = lane < m ? entry_delta(p, sec, after, b, h0, lane) : 0.f;
     if (p.heads_per_block > 1 && lane < m)
@@ -248,37 +250,50 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     __syncthreads();  // sm.dot
     form_head_weights<kW>(p, sm, h0, delta_first, c, m, 0);
   }
-  if constexpr (kW == 1) {
+  if constexpr (kW == 1 || kDirect) {
     // The weights of every head of the block, once: per head and unit each lane would form the
-    // running sums of its entries itself, the same work in every row group of lanes.
+    // running sums of its entries itself, the same work in every row group of lanes. Window
+    // column j (i = c + j its logical position) gets w_jk = 0 for k > i and for j >= W.
     __syncthreads();  // sm.dot
     const int hpb = p.heads_per_block;
     const int log2_L = __ffs(L) - 1;
     for (int t = threadIdx.x; t < hpb * L; t += blockDim.x) {
-      const int hh = t >> log2_L, k = t & (L - 1), i = c;  // i: the token's logical position
+      const int hh = t >> log2_L, k = t & (L - 1);
       if (k >= m) continue;
       const float* dl = sm.head_delta + hh * L;
-      float run = 0.f, Lk = 0.f, Li = 0.f;
+      float run = 0.f, Lk = 0.f, Li[kW];
+#pragma unroll
+      for (int j = 0; j < kW; ++j) Li[j] = 0.f;
       for (int q = 0; q < m; ++q) {  // sequential, the CPU reference's order
         run += dl[q];
         if (q == k) Lk = run;
-        if (q == i) Li = run;
+#pragma unroll
+        for (int j = 0; j < kW; ++j)
+          if (q == c + j) Li[j] = run;
       }
-      const float A = p.head.A[h0 + hh];
-      float w = dl[k] * decay(A * (Li - Lk)) * sm.dot[k];
-      if (k == i) w += p.head.D[h0 + hh];
-      sm.head_w[hh * L + k] = w;
-      if (k == i) sm.head_dec[hh] = decay(A * Li);
+      const float A = p.head.A[h0 + hh], D = p.head.D[h0 + hh];
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        const int i = c + j;
+        float w = 0.f;
+        if (j < W && k <= i) w = dl[k] * decay(A * (Li[j] - Lk)) * sm.dot[j * L + k];
+        if (j < W && k == i) {
+          w += D;
+          sm.head_dec[hh * kW + j] = decay(A * Li[j]);
+        }
+        sm.head_w[(hh * kW + j) * L + k] = w;
+      }
     }
   }
   if constexpr (kDirect) {
     build_c_fragments<kMode, true>(sm, N, W);
     __syncthreads();  // head_w, head_dec, c_frag, c_unscale
-    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P);
-    direct_ring_pass<kMode, ActT>(p, sm, ds, sec, after, h0, m);
+    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P, kW);
+    direct_ring_pass<kMode, ActT, kW>(p, sm, ds, sec, after, h0, m);
     __syncthreads();  // gain, ring
-    with_output_type(p.y, p.y_dtype,
-                     [&](auto* y) { direct.run(sm.c_frag, ds, y + (int64_t(b) * H + h0) * P); });
+    with_output_type(p.y, p.y_dtype, [&](auto* y) {
+      direct.template run<kW>(sm.c_frag, ds, y + (int64_t(b) * W * H + h0) * P, W, int64_t(H) * P);
+    });
     finish_verify<ActT, false>(p, b, slot, G * chunks);
     return;
   }

@@ -25,9 +25,12 @@ namespace replayssm::cuda {
 // 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
 // nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them.
 // Direct (DirectReader): lane t loads bytes 16t.. of every 64-byte block of its rows, whose
-// register r (4 columns) feeds k-step 4 * block + r.
+// register r (4 columns) feeds k-step 4 * block + r; nvfp4: register r holds 8 columns, 2
+// k-steps (8 * block + 2r + kk), a block being 128 columns.
 template <Mode kMode, bool kDirect = false>
 __device__ __forceinline__ int kslot_col(int s, int t, int half) {
+  if constexpr (kDirect && kMode == Mode::separate_nvfp4)
+    return 128 * (s / 8) + 32 * t + 8 * (s % 8 / 2) + 4 * (s % 2) + 2 * half;
   if constexpr (kDirect) return 64 * (s / 4) + 16 * t + 4 * (s % 4) + 2 * half;
   if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + 4 * (s % 2) + 2 * half;
   return 16 * s + 4 * t + 2 * half;
