@@ -322,6 +322,17 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   const double state = 4.0 * 16 * 64 * 4, io = 2 * 4 * 16 * 2 + 2 * 2 * 64 * 2 + 4 * 4;
   EXPECT_EQ(std_fp32["modelled_bytes_per_step"].get<double>(), 2 * (2 * state + io));
   EXPECT_NE(run("bench --backend cpu --windows 9").code, 0);
+  EXPECT_NE(run("bench --backend cpu --windows 1,4 --accept-mean 4.3").code, 0);
+  EXPECT_NE(run("bench --backend cpu --windows 1 --accept-mean 2").code, 0);
+  // Without --accept-mean the seed's 4.3 at W = 8 sets the per-draft acceptance at any window.
+  const Result seed_rate =
+      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 4 --modes fp32 "
+          "--repeats 1 --flush-cycles 1 -o json");
+  ASSERT_EQ(seed_rate.code, 0) << seed_rate.err;
+  const nlohmann::json jseed = nlohmann::json::parse(seed_rate.out);
+  EXPECT_EQ(jseed["accept_window"].get<int>(), 8);
+  EXPECT_NEAR(jseed["accept_rate"].get<double>(), 0.811, 5e-4);
+  EXPECT_EQ(j["accept_window"].get<int>(), 4);  // --accept-mean 2 at the largest window, 4
   EXPECT_NE(run("bench --backend cpu --model nope").code, 0);
 
   // --cold-l2: the same rows, each step timed on its own after the caches are scrubbed.
