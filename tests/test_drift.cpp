@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "drift/drift.h"
 #include "drift/svg.h"
@@ -30,11 +31,13 @@ DriftConfig small_config(StreamKind stream, const std::string& arms, int64_t ste
   return c;
 }
 
-const ArmSummary& summary_of(const DriftResult& r, const std::string& name,
+// The name by value (a view): g++ 13 warns of a dangling reference wherever a function that
+// returns a reference is given a temporary std::string, as the callers' literals would be.
+const ArmSummary& summary_of(const DriftResult& r, std::string_view name,
                              Regime regime = Regime::ar) {
   for (const ArmSummary& s : r.summaries)
     if (s.name == name && s.regime == regime) return s;
-  throw std::runtime_error("no summary for " + name);
+  throw std::runtime_error("no summary for " + std::string(name));
 }
 
 std::vector<const Record*> rows_of(const DriftResult& r, const std::string& name, Regime regime) {

@@ -224,7 +224,8 @@ Trace parse_trace(const StFile& file, const std::string& what) {
         op.slots = {int(f.integer("slot", 0, K - 1))};
         require_open(octx, op.slot());
         op.input = f.string("input");
-        const StTensor& x = tensor(file, octx, op.input + ".x");
+        const std::string x_name = op.input + ".x";  // a named string: no temporary to dangle
+        const StTensor& x = tensor(file, octx, x_name);
         check(x.shape.size() == 3 && x.shape[0] >= 1, octx, ": tensor '", op.input, ".x' is ",
               x.describe(), ", expected F32[n,", H, ",", P, "] with n >= 1");
         check(x.shape[0] <= (1 << 20), octx, ": prefill of ", x.shape[0], " tokens is too long");
