@@ -22,7 +22,7 @@
 //   flush_kernel.cuh     flush_head and flush_kernel
 //   verify_staging.cuh   the verify's checkpoint stages, cp.async, ring appends, finish_verify
 //   verify_mma.cuh       the tensor-core readout (mma_tile, C fragments, W > 1 ring term)
-//   verify_direct.cuh    the W = 1 readout from registers (VerifyVariant::chained_direct)
+//   verify_direct.cuh    the readout from registers at W <= 4 (VerifyVariant::chained_direct)
 //   verify_kernel.cuh    verify_kernel and its variants
 //   prefill_kernels.cuh  prefill_kernel and dense_kernel (state, import)
 #pragma once
