@@ -179,6 +179,13 @@ struct Case {
   SsmShape shape = {8, 16, 64, 2};
 };
 
+// gtest prints a case this way (test listings, failures) instead of its raw bytes, padding
+// included.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << mode_name(c.mode) << ", " << dtype_name(c.act) << " activations, shape " << c.shape.nheads
+      << "x" << c.shape.headdim << "x" << c.shape.dstate << "x" << c.shape.ngroups;
+}
+
 class CudaVsCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaVsCpu, RandomOperationSequence) {
