@@ -100,8 +100,9 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
             return run(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>, 1);
         run(verify_kernel<kMode, ActT, 1, kEntries, V::chained>, 1);
       } else if (p.tokens <= 4) {
+        static_assert(kDirectMaxWindow == 4, "the direct readout stands in for the kW = 4 one");
         if constexpr (has_direct_readout(kMode))
-          if (direct(4)) return run_direct.template operator()<kDirectMaxWindow>();
+          if (direct(kDirectMaxWindow)) return run_direct.template operator()<kDirectMaxWindow>();
         run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);
       } else {  // W > kDirectMaxWindow: staged
         run(verify_kernel<kMode, ActT, 8, kEntries, V::chained>, 8);

@@ -88,15 +88,15 @@ __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], b
   }
 }
 
-// verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1, 4
-// or 8): no stages, every head's weights and the rows' gains and ring terms instead.
+// verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1 or
+// kDirectMaxWindow): no stages, every head's weights and the rows' gains and ring terms instead.
 inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows) {
   return StepSmem::bytes(L, N, windows, heads, true, true) + DirectSmem::bytes(heads, P, windows);
 }
 // The most shared memory a direct readout block takes: its gains and ring terms grow with the
-// window (2 W floats per row), and the blocks of a large group at W = 8 would need more than a
-// block may have (falcon-h1-7b: 24 heads of 128 rows, about 250 KB); such steps keep the staged
-// readout.
+// window (2 W floats per row), so a block of many long heads would need more than it should take
+// (a block of falcon-h1-7b's 24 heads of 128 rows needs about 133 KB at W = 4); such steps keep
+// the staged readout.
 inline constexpr size_t kDirectMaxSmem = 100 * 1024;
 inline bool verify_direct_fits(int L, int N, int P, int heads, int windows) {
   return verify_direct_smem(L, N, P, heads, windows) <= kDirectMaxSmem;
@@ -267,7 +267,7 @@ struct DirectReader {
     }
   }
   // y: row 0 of head h0 in window column 0, rows [heads * P], window column j at j *
-  // window_stride (kW: W rounded up to 1, 4 or 8).
+  // window_stride (kW: W rounded up to 1 or kDirectMaxWindow).
   template <int kW, typename YT>
   __device__ __forceinline__ void run(const uint2* c_frag, const DirectSmem& ds, YT* y, int W,
                                       int64_t window_stride) {
