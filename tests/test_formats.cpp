@@ -161,23 +161,70 @@ TEST(E2m1, AllCodesDecodeToFormulaAndReencode) {
   EXPECT_EQ(e2m1_to_f32(0xf7), 6.f);
 }
 
-// The fp16-pair decoder of the GPU readout: every pair of codes, bit for bit (signed zeros too),
-// also after scaling back by 2^14 and multiplying by every e4m3 block scale as the readout does.
-TEST(E2m1, PairsAsScaledFp16MatchTheDecoder) {
-  for (uint32_t a = 0; a < 16; ++a)
-    for (uint32_t b = 0; b < 16; ++b) {
-      const uint32_t h2 = e2m1x2_to_f16x2_scaled(a | (b << 16) | 0xfff0fff0u);  // noise ignored
-      const float fa = f16_to_f32(uint16_t(h2 & 0xffffu)) * kE2m1F16Unscale;
-      const float fb = f16_to_f32(uint16_t(h2 >> 16)) * kE2m1F16Unscale;
-      EXPECT_EQ(f32_bits(fa), f32_bits(e2m1_to_f32(uint8_t(a)))) << a;
-      EXPECT_EQ(f32_bits(fb), f32_bits(e2m1_to_f32(uint8_t(b)))) << b;
-      for (uint32_t s = 0; s < 0x7f; ++s) {
-        const float d = e4m3_to_f32(uint8_t(s));
-        EXPECT_EQ(f32_bits(f16_to_f32(uint16_t(h2 & 0xffffu)) * (d * kE2m1F16Unscale)),
-                  f32_bits(e2m1_to_f32(uint8_t(a)) * d))
-            << a << " " << s;
+// The e4m3-byte decoder of the GPU readout (hardware e4m3 conversion): every code at every byte
+// position of both nibble forms, beside random neighbours, bit for bit (signed zeros too); and
+// its products with every finite e4m3 block scale are exact in fp16, so the readout's fp16
+// multiply and the 2^6 applied later give e2m1 x block scale exactly.
+TEST(E2m1, CodesAsScaledE4m3BytesMatchTheDecoder) {
+  Rng rng(41);
+  for (int pos = 0; pos < 4; ++pos)
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      const uint32_t noise = rng.next() & ~(0xffu << (8 * pos));
+      const uint32_t packed = noise | (byte << (8 * pos));
+      const uint8_t even = uint8_t(e2m1x4_even_to_e4m3x4_scaled(packed) >> (8 * pos));
+      const uint8_t odd = uint8_t(e2m1x4_odd_to_e4m3x4_scaled(packed) >> (8 * pos));
+      const uint8_t codes[2] = {uint8_t(byte & 0xfu), uint8_t(byte >> 4)};
+      const uint8_t got[2] = {even, odd};
+      for (int i = 0; i < 2; ++i) {
+        const float v = e4m3_to_f32(got[i]);
+        ASSERT_EQ(f32_bits(v * kE2m1E4m3Unscale), f32_bits(e2m1_to_f32(codes[i])))
+            << "byte " << byte << " position " << pos << " nibble " << i;
+        for (uint32_t s = 0; s < 0x7f; ++s) {
+          const float d = e4m3_to_f32(uint8_t(s));
+          const float product = v * d;  // what the fp16 multiply must hold exactly
+          ASSERT_EQ(f32_bits(f16_to_f32(f32_to_f16(product))), f32_bits(product)) << byte << s;
+          ASSERT_EQ(f32_bits(product * kE2m1E4m3Unscale), f32_bits(e2m1_to_f32(codes[i]) * d));
+        }
       }
     }
+}
+
+// f32_to_e2m1 (rounding by one fp32 addition at the binade's step) against the thresholds between
+// the 8 magnitudes, ties to the even index: every float of magnitude 2^-3 .. 2^4 (all 7 ties, the
+// binade edges and saturation), both signs, and 4096 mantissas of every other exponent.
+TEST(E2m1, EncoderMatchesThresholdsOnEveryFloatThatRounds) {
+  const double mags[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  auto reference = [&](float x) -> uint32_t {
+    if (std::isnan(x)) return 0;
+    const double a = std::fabs(double(x));
+    uint32_t i = 0;
+    while (i < 7) {
+      const double mid = (mags[i] + mags[i + 1]) / 2;
+      if (a < mid || (a == mid && i % 2 == 0)) break;
+      ++i;
+    }
+    return (std::signbit(x) ? 0x8u : 0u) | i;
+  };
+  int64_t checked = 0;
+  auto check = [&](uint32_t bits) {
+    const float x = from_bits(bits);
+    const uint32_t got = f32_to_e2m1(x), want = reference(x);
+    if (got != want) {
+      ADD_FAILURE() << "x = " << x << " (bits " << std::hex << bits << "): " << got << " vs "
+                    << want;
+      return false;
+    }
+    ++checked;
+    return true;
+  };
+  for (uint32_t bits = 0x3e000000u; bits < 0x41800000u; ++bits)  // [2^-3, 2^4)
+    if (!check(bits) || !check(bits | 0x80000000u)) return;
+  for (uint32_t e = 0; e < 256; ++e)
+    for (uint32_t m = 0; m < 4096; ++m) {
+      const uint32_t bits = (e << 23) | (m * 2047u % 0x800000u);
+      if (!check(bits) || !check(bits | 0x80000000u)) return;
+    }
+  EXPECT_GT(checked, int64_t(2) * 7 * (1 << 23));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,13 +39,21 @@ RSSM_HD float bits_f32(uint32_t u) {
 
 namespace detail {
 
-// IEEE round-to-nearest product / quotient. The device intrinsics pin the rounding even under
+// IEEE round-to-nearest product / sum / quotient. The device intrinsics pin the rounding even under
 // --use_fast_math and forbid FMA contraction, so the kernel matches the host bit for bit.
 RSSM_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
   return a * b;
+#endif
+}
+
+RSSM_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
 #endif
 }
 
@@ -282,30 +290,25 @@ RSSM_HD int8_t f32_to_int8(float x) {
 
 // Round-to-nearest-even: each tie goes to the even index (0.25->0, 0.75->1, 1.25->1, 1.75->2,
 // 2.5->2, 3.5->4, 5->4); |x| > 5 and Inf saturate to 6; NaN -> 0 (code 0); zeros keep the sign.
+//
+// Without comparisons (the flush runs this for every element of the nvfp4 read checkpoint): the
+// grid's step is 0.5 below 2 (index = magnitude / 0.5), 1 in [2, 4) (index = magnitude + 2) and 2
+// in [4, 8) (index = magnitude / 2 + 4), i.e. 2^(e - 1) for the binade 2^e of the magnitude a,
+// with binades below 1 taking 0.5. Adding M = 2^23 x step to a puts the sum in [M, 2M), where the
+// fp32 ulp is that step, so the addition itself rounds a / step to an integer k, ties to even
+// (an even k is an even index in every binade); k is the sum's bits minus M's. The index is k +
+// 2 e (e = 0, 1, 2), capped at 7: a is first capped at 8 (Inf too), whose k + 2 e = 8 saturates.
 RSSM_HD uint8_t f32_to_e2m1(float x) {
   const uint32_t u = f32_bits(x);
-  if (detail::is_nan_bits(u)) return 0;
-  const uint8_t sign = static_cast<uint8_t>((u >> 28) & 0x8u);
-  const float a = detail::abs_f32(x);
-  uint8_t i;
-  if (a <= 0.25f) {
-    i = 0;
-  } else if (a < 0.75f) {
-    i = 1;
-  } else if (a <= 1.25f) {
-    i = 2;
-  } else if (a < 1.75f) {
-    i = 3;
-  } else if (a <= 2.5f) {
-    i = 4;
-  } else if (a < 3.5f) {
-    i = 5;
-  } else if (a <= 5.f) {
-    i = 6;
-  } else {
-    i = 7;
-  }
-  return static_cast<uint8_t>(sign | i);
+  const uint32_t sign = (u >> 28) & 0x8u;
+  const uint32_t a0 = u & 0x7fffffffu;
+  const uint32_t a = a0 < 0x41000000u ? a0 : 0x41000000u;  // min(|x|, 8); NaN handled below
+  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;  // biased exponent, at least 2^0's
+  const uint32_t magic = (e + 22u) << 23;                  // 2^23 x step = 2^(e - 127 + 22)
+  const uint32_t k = f32_bits(detail::add_rn(bits_f32(a), bits_f32(magic))) - magic;
+  const uint32_t index = k + 2u * (e - 127u);
+  const uint32_t code = sign | (index < 7u ? index : 7u);
+  return static_cast<uint8_t>(detail::is_nan_bits(u) ? 0u : code);
 }
 
 RSSM_HD float e2m1_to_f32(uint8_t code) {
@@ -316,17 +319,20 @@ RSSM_HD float e2m1_to_f32(uint8_t code) {
   return bits_f32(sign | ((e + 126u) << 23) | (m << 22));      // (1 + m/2) * 2^(e-1)
 }
 
-// Two e2m1 codes as the bits of two fp16 values, for decoders without an e2m1 conversion (sm_90):
-// x holds code a in bits 0-3 and code b in bits 16-19 (other bits are ignored); the result is
-// the fp16 pair (a in the low half) whose values are exactly e2m1(a) * 2^-14 and e2m1(b) * 2^-14.
-// A code's magnitude bits go to fp16 bits 9-11 (the exponent's low two bits and the mantissa's top
-// bit) and its sign to bit 15: normal codes then carry exponent e - 15 instead of e2m1's e - 1, and
-// the two subnormal codes (0 and 0.5) land on fp16's subnormals m * 2^-15 = (m / 2) * 2^-14.
-// Two shifts and two masks per pair instead of e2m1_to_f32's selects per element.
-RSSM_HD uint32_t e2m1x2_to_f16x2_scaled(uint32_t x) {
-  return ((x << 9) & 0x0e000e00u) | ((x << 12) & 0x80008000u);
+// Four e2m1 codes as four e4m3 bytes whose values are exactly e2m1 x 2^-6, for decoders that
+// convert e4m3 pairs in hardware (sm_89 and later): a code's magnitude bits (exponent e1 e0,
+// mantissa m) become e4m3's exponent field 0 0 e1 e0 and mantissa m 0 0, its sign e4m3's sign.
+// Normal codes then carry exponent e - 7 instead of e2m1's e - 1, and the subnormal 0.5 (e = 0,
+// m = 1) lands on e4m3's subnormal 4 x 2^-9 = 0.5 x 2^-6; no code reaches e4m3's NaN pattern.
+// `packed` holds 8 codes, column 2i in the low nibble of byte i and 2i + 1 in the high one: the
+// _even form gives byte i = column 2i (columns 0, 2, 4, 6), the _odd form column 2i + 1.
+RSSM_HD uint32_t e2m1x4_even_to_e4m3x4_scaled(uint32_t packed) {
+  return ((packed << 2) & 0x1c1c1c1cu) | ((packed << 4) & 0x80808080u);
 }
-inline constexpr float kE2m1F16Unscale = 16384.0f;  // 2^14: fp16 value * this = e2m1 value
+RSSM_HD uint32_t e2m1x4_odd_to_e4m3x4_scaled(uint32_t packed) {
+  return ((packed >> 2) & 0x1c1c1c1cu) | (packed & 0x80808080u);
+}
+inline constexpr float kE2m1E4m3Unscale = 64.0f;  // 2^6: e4m3 value * this = e2m1 value
 
 // 2^e as an fp32 number, for -126 <= e <= 127 (normal numbers only).
 RSSM_HD float pow2_f32(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }

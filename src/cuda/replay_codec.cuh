@@ -59,6 +59,25 @@ __device__ __forceinline__ void e4m3x8_to_f32(const uint8_t (&c)[8], float (&v)[
   }
 }
 
+// Eight e2m1 codes (element i in nibble i) times d, a block scale's value: the same products as
+// e2m1_to_f32(code) * d, bit for bit (exact in fp32). Each code becomes an e4m3 byte of value
+// e2m1 x 2^-6 (formats.h), converted two at a time in hardware, the 2^6 folded into d.
+__device__ __forceinline__ void e2m1x8_to_f32(uint32_t packed, float d, float (&v)[8]) {
+  const float d64 = d * kE2m1E4m3Unscale;  // exact: a power of two
+  const uint32_t bytes[2] = {e2m1x4_even_to_e4m3x4_scaled(packed),
+                             e2m1x4_odd_to_e4m3x4_scaled(packed)};
+#pragma unroll
+  for (int odd = 0; odd < 2; ++odd)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // elements (4 half + odd, 4 half + 2 + odd)
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          __nv_fp8x2_storage_t(uint16_t(bytes[odd] >> (16 * half))), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      v[4 * half + odd] = __fmul_rn(f.x, d64);
+      v[4 * half + 2 + odd] = __fmul_rn(f.y, d64);
+    }
+}
+
 __device__ __forceinline__ void store8_bytes(uint8_t* p, const uint8_t (&b)[8]) {
   uint2 raw;
   uint8_t* q = reinterpret_cast<uint8_t*>(&raw);
@@ -151,16 +170,7 @@ __device__ __forceinline__ float decode_raw8(const RawChunk& c, bool rec, float 
       return c.scale;
     }
     if (kMode == Mode::separate_nvfp4 && !rec) {
-      // Codes k and k + 4 as one fp16 pair scaled by 2^-14 (formats.h), the 2^14 folded into the
-      // block scale: the same products as e2m1_to_f32(code) * d, bit for bit.
-      const float d = e4m3_to_f32(uint8_t(c.extra)) * kE2m1F16Unscale;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t h2 = e2m1x2_to_f16x2_scaled(c.lo.x >> (4 * k));
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-        v[k] = f.x * d;
-        v[k + 4] = f.y * d;
-      }
+      e2m1x8_to_f32(c.lo.x, e4m3_to_f32(uint8_t(c.extra)), v);
       return c.scale;
     }
 #pragma unroll
@@ -275,17 +285,18 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   bm = amax_combine(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
   float s = __fdiv_rn(bm, kE2m1Max);
   s = __fmul_rn(s, g);
-  block_scale = f32_to_e4m3(s);
-  const float d = e4m3_to_f32(block_scale);
-  const bool live = d > 0.f;
+  // s >= 0: the hardware conversion rounds and saturates as f32_to_e4m3 does (NaN -> 0x7f).
+  block_scale = uint8_t(__nv_cvt_float_to_fp8(s, __NV_SATFINITE, __NV_E4M3));
+  const float d = __half2float(__half(__nv_cvt_fp8_to_halfraw(block_scale, __NV_E4M3)));
+  const bool live = d > 0.f;  // false for 0 and for NaN (a NaN row)
   const float k = live ? __fdiv_rn(g, d) : 0.f;
   packed = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint8_t code = live ? f32_to_e2m1(__fmul_rn(v[i], k)) : uint8_t(0);
     packed |= uint32_t(code) << (4 * i);
-    rv[i] = e2m1_to_f32(code) * d;
   }
+  e2m1x8_to_f32(packed, d, rv);
   return __fdiv_rn(amax, kGlobal);
 }
 

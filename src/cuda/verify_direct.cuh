@@ -249,14 +249,15 @@ struct DirectReader {
         // Register r: columns 8 r.. of the lane's 32, in block 2 t + r / 2 of the piece.
         const __half2 s_lo = e4m3_half2(uint8_t(q.scales_lo >> (8 * (r / 2))));
         const __half2 s_hi = e4m3_half2(uint8_t(q.scales_hi >> (8 * (r / 2))));
-        const uint32_t lo_even = lo[r] & 0x0f0f0f0fu, lo_odd = (lo[r] >> 4) & 0x0f0f0f0fu;
-        const uint32_t hi_even = hi[r] & 0x0f0f0f0fu, hi_odd = (hi[r] >> 4) & 0x0f0f0f0fu;
+        uint32_t l[4], h[4];  // columns (0, 2), (4, 6), (1, 3), (5, 7) of the register's 8
+        e2m1x8_f16x2(lo[r], s_lo, l);
+        e2m1x8_f16x2(hi[r], s_hi, h);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          f[2 * r + kk][0] = e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk, s_lo);
-          f[2 * r + kk][1] = e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk, s_hi);
-          f[2 * r + kk][2] = e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk + 1, s_lo);
-          f[2 * r + kk][3] = e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk + 1, s_hi);
+        for (int kk = 0; kk < 2; ++kk) {  // even columns, then odd ones
+          f[2 * r + kk][0] = l[2 * kk];
+          f[2 * r + kk][1] = h[2 * kk];
+          f[2 * r + kk][2] = l[2 * kk + 1];
+          f[2 * r + kk][3] = h[2 * kk + 1];
         }
       } else {
         f[r][0] = code8x2_f16x2<kMode>(lo[r], false);

@@ -10,7 +10,7 @@ namespace replayssm::cuda {
 // ---- tensor-core readout (the 8/4-bit read modes, every window) ------------------------------
 // R C_j for a 16-row tile and the 8 window columns j with mma.sync m16n8k16 in fp16 with fp32
 // accumulation. fp16 holds every decoded value exactly: e4m3 and int8 codes as they are, and
-// nvfp4's e2m1 x e4m3 block scale at 2^-14 (multiples of 2^-24 below 0.17). C_j, rounded to bf16
+// nvfp4's e2m1 x e4m3 block scale at 2^-6 (multiples of 2^-16 below 42). C_j, rounded to bf16
 // (SPEC 5), goes in at a power-of-two scale 2^s_j that puts its largest magnitude in
 // [2^14, 2^15): fp16 then holds every element down to 2^-31 of the largest exactly (a bf16
 // value needs 8 significant bits above fp16's 2^-24 step); a smaller one is rounded by at most
@@ -18,28 +18,33 @@ namespace replayssm::cuda {
 // in fp32, so only the summation order differs from the CPU reference's readout.
 // A dot product is invariant under a permutation of K applied to both operands, so each lane's
 // k-slots are mapped to the columns its ldmatrix delivers (kslot_col): lane (g, t) feeds
-// k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with 4 consecutive columns of rows g and g+8,
-// and its B fragment (the shared-memory c_frag) holds C_g at the same columns.
+// k-slots {2t, 2t+1} and {2t+8, 2t+9} of k-step s with 4 columns of rows g and g+8, and its B
+// fragment (the shared-memory c_frag) holds C_g at the same columns.
 
-// First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t.
+// First column of k-slots {2t, 2t+1} (half 0) or {2t+8, 2t+9} (half 1) of k-step s, lane t; the
+// second is kslot_pair_step columns further.
 // 8-bit codes: an ldmatrix row of 16 bytes is one k-step, lane t gets its columns 4t..4t+3.
-// nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them.
+// nvfp4: 16 bytes are 32 columns, two k-steps; lane t gets columns 8t..8t+7 of them, whose even
+// columns (0, 2 | 4, 6) feed the first k-step and odd ones (1, 3 | 5, 7) the second
+// (e2m1x8_f16x2: one byte per code, converted in pairs).
 // Direct (DirectReader): lane t loads bytes 16t.. of every 64-byte block of its rows, whose
 // register r (4 columns) feeds k-step 4 * block + r; nvfp4: register r holds 8 columns, 2
-// k-steps (8 * block + 2r + kk), a block being 128 columns.
+// k-steps (8 * block + 2r + kk) as above, a block being 128 columns.
 template <Mode kMode, bool kDirect = false>
 __device__ __forceinline__ int kslot_col(int s, int t, int half) {
   if constexpr (kDirect && kMode == Mode::separate_nvfp4)
-    return 128 * (s / 8) + 32 * t + 8 * (s % 8 / 2) + 4 * (s % 2) + 2 * half;
+    return 128 * (s / 8) + 32 * t + 8 * (s % 8 / 2) + s % 2 + 4 * half;
   if constexpr (kDirect) return 64 * (s / 4) + 16 * t + 4 * (s % 4) + 2 * half;
-  if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + 4 * (s % 2) + 2 * half;
+  if constexpr (kMode == Mode::separate_nvfp4) return 32 * (s / 2) + 8 * t + s % 2 + 4 * half;
   return 16 * s + 4 * t + 2 * half;
 }
+template <Mode kMode>
+constexpr int kslot_pair_step = kMode == Mode::separate_nvfp4 ? 2 : 1;
 
 // Factor from the fp16 values of a mode's A fragments to code values (nvfp4's decoder gives
-// e2m1 x 2^-14).
+// e2m1 x 2^-6).
 template <Mode kMode>
-constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1F16Unscale : 1.f;
+constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1E4m3Unscale : 1.f;
 
 // B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
 // sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp 0; the caller
@@ -47,6 +52,7 @@ constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1F16Unscale :
 template <Mode kMode, bool kDirect = false>
 __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W) {
   if (threadIdx.x >= 32) return;
+  constexpr int kStep = kslot_pair_step<kMode>;
   const int lane = threadIdx.x, g = lane / 4, t = lane % 4, steps = N / 16;
   const float* c = sm.Cr + g * N;  // window column g (rows of Cr exist for g < W only)
   float amax = 0.f;
@@ -54,7 +60,7 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
     for (int s = 0; s < steps; ++s)
       for (int half = 0; half < 2; ++half) {
         const int col = kslot_col<kMode, kDirect>(s, t, half);
-        amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + 1])));
+        amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + kStep])));
       }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // all N columns between them
@@ -64,8 +70,8 @@ __device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int
     uint2 frag = {0u, 0u};
     if (g < W) {
       const int c0 = kslot_col<kMode, kDirect>(s, t, 0), c1 = kslot_col<kMode, kDirect>(s, t, 1);
-      const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + 1] * scale);
-      const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + 1] * scale);
+      const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + kStep] * scale);
+      const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + kStep] * scale);
       frag = {*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
     }
     sm.c_frag[s * 32 + lane] = frag;
@@ -166,15 +172,21 @@ __device__ __forceinline__ __half2 e4m3_half2(uint8_t code) {
   return __half2half2(__ushort_as_half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x));
 }
 
-// nvfp4: the two codes of byte `byte` of a register of 8 codes (column 2i in the low nibble of
-// byte i), given as its low nibbles `even` = q & 0x0f0f0f0f and high nibbles `odd`, times the
-// block scale (the same fp16 twice), at 2^-14 (e2m1x2_to_f16x2_scaled); exact in fp16.
-__device__ __forceinline__ uint32_t e2m1_byte_f16x2(uint32_t even, uint32_t odd, int byte,
-                                                    __half2 block_scale) {
-  // The even column's code to bits 0-3, the odd column's to bits 16-19.
-  const uint32_t h = e2m1x2_to_f16x2_scaled(__byte_perm(even, odd, byte | (4 + byte) << 8));
-  const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&h), block_scale);
-  return *reinterpret_cast<const uint32_t*>(&v);
+// nvfp4: a register of 8 codes (column 2i in the low nibble of byte i) times the block scale
+// (the same fp16 twice), at 2^-6, as 4 fp16 pairs: columns (0, 2), (4, 6), (1, 3), (5, 7). Each
+// code becomes an e4m3 byte (e2m1x4_even/odd_to_e4m3x4_scaled), converted two at a time in
+// hardware; the products are exact in fp16 (test_formats).
+__device__ __forceinline__ void e2m1x8_f16x2(uint32_t packed, __half2 block_scale,
+                                             uint32_t (&out)[4]) {
+  const uint32_t bytes[2] = {e2m1x4_even_to_e4m3x4_scaled(packed),
+                             e2m1x4_odd_to_e4m3x4_scaled(packed)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t two = i % 2 ? bytes[i / 2] >> 16 : bytes[i / 2] & 0xffffu;
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+    const __half2 v = __hmul2(__half2(h), block_scale);
+    out[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
 }
 
 // d += R C for the 16-row tile at row r0 of a staged unit (codes: rows code_pitch bytes apart,
@@ -199,15 +211,12 @@ __device__ __forceinline__ void mma_tile(const uint8_t* codes, int code_pitch, i
         const int block = 4 * c + 2 * part + t / 2;  // columns 64c + 32 part + 8t.. in one block
         const __half2 s_lo = e4m3_half2(block_scales[(r0 + g) * block_bytes + block]);
         const __half2 s_hi = e4m3_half2(block_scales[(r0 + g + 8) * block_bytes + block]);
-        const uint32_t lo = q[2 * part], hi = q[2 * part + 1];  // rows g, g + 8
-        const uint32_t lo_even = lo & 0x0f0f0f0fu, lo_odd = (lo >> 4) & 0x0f0f0f0fu;
-        const uint32_t hi_even = hi & 0x0f0f0f0fu, hi_odd = (hi >> 4) & 0x0f0f0f0fu;
+        uint32_t lo[4], hi[4];  // rows g, g + 8: columns (0, 2), (4, 6), (1, 3), (5, 7) of 8t..
+        e2m1x8_f16x2(q[2 * part], s_lo, lo);
+        e2m1x8_f16x2(q[2 * part + 1], s_hi, hi);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-          mma_f16_16816(d, e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk, s_lo),
-                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk, s_hi),
-                        e2m1_byte_f16x2(lo_even, lo_odd, 2 * kk + 1, s_lo),
-                        e2m1_byte_f16x2(hi_even, hi_odd, 2 * kk + 1, s_hi),
+        for (int kk = 0; kk < 2; ++kk)  // even columns, then odd ones
+          mma_f16_16816(d, lo[2 * kk], hi[2 * kk], lo[2 * kk + 1], hi[2 * kk + 1],
                         c_frag[(4 * c + 2 * part + kk) * 32 + lane]);
       }
     } else {
