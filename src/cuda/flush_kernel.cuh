@@ -41,22 +41,27 @@ constexpr int flush_min_blocks(Mode mode) {
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
 // issued, so that their latency and the status words' overlap) unless entry check_b is valid.
+// chunk of chunks: the item is that share of the head's row groups (flush_kernel).
 template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
-                                           int h, float* smem, int check_b = -1) {
+                                           int h, float* smem, int check_b = -1, int chunk = 0,
+                                           int chunks = 1) {
   const int N = p.N, P = p.P;
   const SlotSections sec = slot_sections(p.geo, slot);
   const RowMap rm(p.lanes_per_row, kRows);
+  const int groups = (P + rm.rows_per_group - 1) / rm.rows_per_group;
+  const int row_begin = chunk * groups / chunks * rm.rows_per_group;
+  const int row_end = min(P, (chunk + 1) * groups / chunks * rm.rows_per_group);
   RawChunk raw[kRows];
   int prow[kRows];
-  load_group<kMode>(sec, rm, h, P, N, 0, true, raw, prow);
+  load_group<kMode>(sec, rm, h, P, N, row_begin, true, raw, prow);
   if (check_b >= 0 && !slot_ok(p, check_b)) return;  // uniform over the block
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), f);
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;
-  for (int base = 0; base < P; base += rm.rows_per_group) {
+  for (int base = row_begin; base < row_end; base += rm.rows_per_group) {
     float v[kRows][8];
     int row[kRows];
     int clamped[kRows];
@@ -66,7 +71,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
       row[r] = prow[r];
       clamped[r] = min(row[r], P - 1);
     }
-    if (base + rm.rows_per_group < P)
+    if (base + rm.rows_per_group < row_end)
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
     fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
 #pragma unroll
@@ -85,25 +90,36 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
 // barrier between items keeps one item's shared memory from being overwritten by the next.
+// When the (entry, head) pairs are fewer than the grid's blocks (the few entries of a spread
+// autoregressive step, heads as few as falcon-h1-7b's 24), each pair is split into row chunks
+// (up to one per row group) so that idle blocks take part: a flushing step waits for its
+// longest item's chain of row groups, and a chunk's staging of the head's fold operands is
+// small beside its rows.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
 template <Mode kMode, typename ActT, bool kShortSr>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
-  const int items = *p.flush_count * p.H;
+  const int heads = *p.flush_count * p.H;
   // The chained verify after it may start now: only its blocks of flushing entries wait for this
   // grid (verify_kernel). After an explicit flush the next kernel is a plain launch, which this
   // does not affect.
   allow_dependent_launch();
   // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
   // that clears the count; the grid then exits without its same-address atomics.
-  if (items == 0) return;
+  if (heads == 0) return;
+  const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);  // RowMap's
+  const int groups = (p.P + rows_per_group - 1) / rows_per_group;
+  const int chunks = max(1, min(groups, int(gridDim.x) / heads));
+  const int items = heads * chunks;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int listed = int(p.by_heads.div(item));
+    const int pair = item / chunks;  // consecutive blocks take one head's chunks (its operands)
+    const int listed = int(p.by_heads.div(pair));
     const ValidatedEntry e = p.flush_list[listed];
-    flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, e.slot, e.cursors, item - listed * p.H,
-                                                         reinterpret_cast<float*>(smem_raw), e.b);
+    flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, e.slot, e.cursors, pair - listed * p.H,
+                                                         reinterpret_cast<float*>(smem_raw), e.b,
+                                                         item - pair * chunks, chunks);
     __syncthreads();
   }
   // The last block to finish (every block read the count before it got here) clears the count
