@@ -41,8 +41,10 @@ constexpr int flush_min_blocks(Mode mode) {
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
 // issued, so that their latency and the status words' overlap) unless entry check_b is valid.
-// chunk of chunks: the item is that share of the head's row groups (flush_kernel).
-template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false>
+// kChunked: the item is chunk `chunk` of `chunks` shares of the head's row groups (flush_kernel);
+// otherwise the whole head (the arguments are ignored, and the loop keeps its registers).
+template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false,
+          bool kChunked = false>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
                                            int h, float* smem, int check_b = -1, int chunk = 0,
                                            int chunks = 1) {
@@ -50,8 +52,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   const SlotSections sec = slot_sections(p.geo, slot);
   const RowMap rm(p.lanes_per_row, kRows);
   const int groups = (P + rm.rows_per_group - 1) / rm.rows_per_group;
-  const int row_begin = chunk * groups / chunks * rm.rows_per_group;
-  const int row_end = min(P, (chunk + 1) * groups / chunks * rm.rows_per_group);
+  const int row_begin = kChunked ? chunk * groups / chunks * rm.rows_per_group : 0;
+  const int row_end = kChunked ? min(P, (chunk + 1) * groups / chunks * rm.rows_per_group) : P;
   RawChunk raw[kRows];
   int prow[kRows];
   load_group<kMode>(sec, rm, h, P, N, row_begin, true, raw, prow);
@@ -96,6 +98,20 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // longest item's chain of row groups, and a chunk's staging of the head's fold operands is
 // small beside its rows.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
+__device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
+                                            float* smem) {
+  const int items = heads * chunks;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int pair = kChunked ? item / chunks : item;  // consecutive blocks: one head's chunks
+    const int listed = int(p.by_heads.div(pair));
+    const ValidatedEntry e = p.flush_list[listed];
+    flush_head<kMode, ActT, flush_rows(kMode), kShortSr, kChunked>(
+        p, e.slot, e.cursors, pair - listed * p.H, smem, e.b, item - pair * chunks, chunks);
+    __syncthreads();
+  }
+}
+
 template <Mode kMode, typename ActT, bool kShortSr>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     flush_kernel(const ReplayParams p) {
@@ -112,16 +128,11 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);  // RowMap's
   const int groups = (p.P + rows_per_group - 1) / rows_per_group;
   const int chunks = max(1, min(groups, int(gridDim.x) / heads));
-  const int items = heads * chunks;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int pair = item / chunks;  // consecutive blocks take one head's chunks (its operands)
-    const int listed = int(p.by_heads.div(pair));
-    const ValidatedEntry e = p.flush_list[listed];
-    flush_head<kMode, ActT, flush_rows(kMode), kShortSr>(p, e.slot, e.cursors, pair - listed * p.H,
-                                                         reinterpret_cast<float*>(smem_raw), e.b,
-                                                         item - pair * chunks, chunks);
-    __syncthreads();
-  }
+  float* smem = reinterpret_cast<float*>(smem_raw);
+  if (chunks > 1)
+    flush_items<kMode, ActT, kShortSr, true>(p, heads, chunks, smem);
+  else
+    flush_items<kMode, ActT, kShortSr, false>(p, heads, 1, smem);
   // The last block to finish (every block read the count before it got here) clears the count
   // for the next operation, so no memset node precedes the validate kernel.
   if (threadIdx.x == 0) {
