@@ -454,9 +454,9 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
 // grows until fewer than 4 blocks per SM would remain: 192 entries x 16 heads on a 132-SM H200
 // gives 4 heads per block; 8 at W = 1, whose 384 blocks are one wave at 4 blocks per SM:
 // VerifyVariant::chained_wide for separate-fp8 and separate-nvfp4, the direct readout being
-// compiled for dstate 128 and 256 only), which the small batches above never reach. Its lockstep
-// flushes (192 x 16 heads) are more items than the flush's grid has blocks, the one case of the
-// flush's whole-head items (flush_kernel splits fewer items into row chunks).
+// compiled for dstate 128 and 256 only), which the small batches above never reach. Its W = 1
+// steps take the flush's chunked form and its speculative ones the whole-head form
+// (flush_splits_rows: the small batches above take the chunked form throughout).
 TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   // Autoregressive with every slot at the same phase, speculative (the accepted counts spread

@@ -38,6 +38,16 @@ constexpr int flush_min_blocks(Mode mode) {
   return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 6 : 5;
 }
 
+// Whether a flush launch takes flush_kernel's chunked form: when the entries expected to flush
+// (a step of `batch` slots and `tokens` tokens each: batch x tokens / L rounded up, as many as
+// the rings fill in a step once the slots' phases spread; an explicit flush, tokens = 0: all
+// `batch`) give at most half as many (entry, head) items as the grid has blocks. Only a
+// performance choice: both forms flush any count.
+inline bool flush_splits_rows(int batch, int tokens, int L, int H, int grid) {
+  const int64_t entries = tokens == 0 ? batch : (int64_t(batch) * tokens + L - 1) / L;
+  return 2 * entries * H <= grid;
+}
+
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
 // issued, so that their latency and the status words' overlap) unless entry check_b is valid.
@@ -92,11 +102,15 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 
 // The listed flushing entries (validate kernels), (entry, head) items over a fixed grid; the
 // barrier between items keeps one item's shared memory from being overwritten by the next.
-// When the (entry, head) pairs are fewer than the grid's blocks (the few entries of a spread
-// autoregressive step, heads as few as falcon-h1-7b's 24), each pair is split into row chunks
-// (up to one per row group) so that idle blocks take part: a flushing step waits for its
-// longest item's chain of row groups, and a chunk's staging of the head's fold operands is
-// small beside its rows.
+// kChunked (flush_splits_rows): when the (entry, head) pairs are fewer than the grid's blocks
+// (the few entries of a spread autoregressive step at small batches, heads as few as
+// falcon-h1-7b's 24), each pair is split into row chunks (up to one per row group) so that idle
+// blocks take part: a flushing step waits for its longest item's chain of row groups, and a
+// chunk's staging of the head's fold operands is small beside its rows. H200 session 17, W = 1
+// spread: falcon-h1-7b batch 64 separate-fp8 63.9 -> 43.1 us, batch 16 51.4 -> 27.5;
+// nemotron-h-8b batch 16 separate-nvfp4 33.9 -> 27.5. Where nothing is split the chunked form
+// costs 2-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us with the choice made in the
+// kernel), so the launcher picks the form and the whole-head one is unchanged.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
@@ -112,7 +126,7 @@ __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, in
   }
 }
 
-template <Mode kMode, typename ActT, bool kShortSr>
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
     flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens
@@ -125,14 +139,15 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
   // that clears the count; the grid then exits without its same-address atomics.
   if (heads == 0) return;
-  const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);  // RowMap's
-  const int groups = (p.P + rows_per_group - 1) / rows_per_group;
-  const int chunks = max(1, min(groups, int(gridDim.x) / heads));
   float* smem = reinterpret_cast<float*>(smem_raw);
-  if (chunks > 1)
+  if constexpr (kChunked) {
+    const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);  // RowMap
+    const int groups = (p.P + rows_per_group - 1) / rows_per_group;
+    const int chunks = max(1, min(groups, int(gridDim.x) / heads));
     flush_items<kMode, ActT, kShortSr, true>(p, heads, chunks, smem);
-  else
+  } else {
     flush_items<kMode, ActT, kShortSr, false>(p, heads, 1, smem);
+  }
   // The last block to finish (every block read the count before it got here) clears the count
   // for the next operation, so no memset node precedes the validate kernel.
   if (threadIdx.x == 0) {

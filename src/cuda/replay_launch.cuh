@@ -38,15 +38,22 @@ void ModeLaunchers<kMode>::prefill(const ReplayParams& p, const LaunchConfig& lc
 template <Mode kMode>
 void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) {
   with_act(lc, [&]<typename ActT>() {
+    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>);
+    const bool chunked = flush_splits_rows(p.batch, p.tokens, p.L, p.H, *lc.flush_grid);
     auto run = [&](auto kernel) {
       allow_dynamic_smem(kernel, lc.smem_fold);
-      size_flush_grid(lc, kernel);
       launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
     };
-    if (uses_stochastic_rounding(kMode) && p.sr_bits <= kSrFastMaxBits)
-      run(flush_kernel<kMode, ActT, uses_stochastic_rounding(kMode)>);
+    constexpr bool kSr = uses_stochastic_rounding(kMode);
+    const bool short_sr = kSr && p.sr_bits <= kSrFastMaxBits;
+    if (short_sr && chunked)
+      run(flush_kernel<kMode, ActT, kSr, true>);
+    else if (short_sr)
+      run(flush_kernel<kMode, ActT, kSr, false>);
+    else if (chunked)
+      run(flush_kernel<kMode, ActT, false, true>);
     else
-      run(flush_kernel<kMode, ActT, false>);
+      run(flush_kernel<kMode, ActT, false, false>);
   });
 }
 
@@ -136,10 +143,13 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
-    load_kernel(flush_kernel<kMode, ActT, false>, lc.smem_fold);
-    size_flush_grid(lc, flush_kernel<kMode, ActT, false>);
-    if constexpr (uses_stochastic_rounding(kMode))
-      load_kernel(flush_kernel<kMode, ActT, true>, lc.smem_fold);
+    load_kernel(flush_kernel<kMode, ActT, false, false>, lc.smem_fold);
+    load_kernel(flush_kernel<kMode, ActT, false, true>, lc.smem_fold);
+    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>);
+    if constexpr (uses_stochastic_rounding(kMode)) {
+      load_kernel(flush_kernel<kMode, ActT, true, false>, lc.smem_fold);
+      load_kernel(flush_kernel<kMode, ActT, true, true>, lc.smem_fold);
+    }
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>,
