@@ -107,10 +107,10 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // falcon-h1-7b's 24), each pair is split into row chunks (up to one per row group) so that idle
 // blocks take part: a flushing step waits for its longest item's chain of row groups, and a
 // chunk's staging of the head's fold operands is small beside its rows. H200 session 17, W = 1
-// spread: falcon-h1-7b batch 64 separate-fp8 63.9 -> 43.1 us, batch 16 51.4 -> 27.5;
-// nemotron-h-8b batch 16 separate-nvfp4 33.9 -> 27.5. Where nothing is split the chunked form
-// costs 2-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us with the choice made in the
-// kernel), so the launcher picks the form and the whole-head one is unchanged.
+// spread: falcon-h1-7b batch 64 separate-fp8 63.9 -> 42.7 us, batch 16 51.4 -> 25.8;
+// nemotron-h-8b batch 16 separate-nvfp4 33.9 -> 27.6. Where nothing is split a kernel holding
+// both forms cost 1-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us), so the launcher
+// picks the form and the whole-head one is the code it was before.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
