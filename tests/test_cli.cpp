@@ -54,6 +54,14 @@ class Cli : public ::testing::Test {
             slurp(path("stderr"))};
   }
 
+  // A command that prints JSON, run and parsed; a non-zero exit fails the test (and gives null,
+  // whose fields then cannot be read).
+  nlohmann::json run_json(const std::string& args) const {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json();
+  }
+
   fs::path dir_;
 };
 
@@ -256,9 +264,7 @@ TEST_F(Cli, CheckpointInspectAndConvert) {
 }
 
 TEST_F(Cli, DemoTinyJson) {
-  const Result r = run("demo --preset tiny --tokens 24 --batch 2 -o json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = run_json("demo --preset tiny --tokens 24 --batch 2 -o json");
   ASSERT_EQ(j["modes"].size(), 8u);
   EXPECT_EQ(j["modes"][0]["mode"], "fp32");
   EXPECT_EQ(j["modes"][0]["max_error"], 0.0);
@@ -285,9 +291,7 @@ TEST_F(Cli, DemoTableAndSeedVocabulary) {
 // plan: per-layer bytes are the slot layout's (fp32: the state plus a bf16 ring), the standard
 // speculative baseline holds 1 + W states, and the request count is the budget over the bytes.
 TEST_F(Cli, PlanCountsBytesAndRequests) {
-  const Result r = run("plan --model nemotron-h-8b --memory 10 -o json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = run_json("plan --model nemotron-h-8b --memory 10 -o json");
   const double state = 128.0 * 64 * 128;
   const double ring = 16.0 * (128 * 64 * 2 + 8 * 128 * 2 + 128 * 4);
   std::map<std::string, nlohmann::json> rows;
@@ -304,11 +308,9 @@ TEST_F(Cli, PlanCountsBytesAndRequests) {
 // bench on the CPU: every configuration is timed (positive, finite), the modelled bytes of the
 // standard kernel are exactly its state traffic plus inputs and outputs, and bad options fail.
 TEST_F(Cli, BenchTimesEveryConfiguration) {
-  const Result r =
-      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1,4 --accept-mean 2 "
-          "--repeats 1 --flush-cycles 1 -o json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = run_json(
+      "bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1,4 --accept-mean 2 "
+      "--repeats 1 --flush-cycles 1 -o json");
   // What the timings ran on is recorded beside them.
   EXPECT_NE(j["device"].get<std::string>().find("OpenMP threads"), std::string::npos)
       << j["device"];
@@ -325,22 +327,18 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   EXPECT_NE(run("bench --backend cpu --windows 1,4 --accept-mean 4.3").code, 0);
   EXPECT_NE(run("bench --backend cpu --windows 1 --accept-mean 2").code, 0);
   // Without --accept-mean the seed's 4.3 at W = 8 sets the per-draft acceptance at any window.
-  const Result seed_rate =
-      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 4 --modes fp32 "
-          "--repeats 1 --flush-cycles 1 -o json");
-  ASSERT_EQ(seed_rate.code, 0) << seed_rate.err;
-  const nlohmann::json jseed = nlohmann::json::parse(seed_rate.out);
+  const nlohmann::json jseed = run_json(
+      "bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 4 --modes fp32 "
+      "--repeats 1 --flush-cycles 1 -o json");
   EXPECT_EQ(jseed["accept_window"].get<int>(), 8);
   EXPECT_NEAR(jseed["accept_rate"].get<double>(), 0.811, 5e-4);
   EXPECT_EQ(j["accept_window"].get<int>(), 4);  // --accept-mean 2 at the largest window, 4
   EXPECT_NE(run("bench --backend cpu --model nope").code, 0);
 
   // --cold-l2: the same rows, each step timed on its own after the caches are scrubbed.
-  const Result cold =
-      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
-          "--flush-cycles 1 --cold-l2 -o json");
-  ASSERT_EQ(cold.code, 0) << cold.err;
-  const nlohmann::json jc = nlohmann::json::parse(cold.out);
+  const nlohmann::json jc = run_json(
+      "bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
+      "--flush-cycles 1 --cold-l2 -o json");
   EXPECT_TRUE(jc["cold_cache"].get<bool>());
   ASSERT_EQ(jc["rows"].size(), 3u);
   for (const auto& row : jc["rows"]) {
@@ -372,9 +370,7 @@ TEST_F(Cli, BenchTimesEveryConfiguration) {
   EXPECT_EQ(js["rows"][2]["modelled_bytes_per_step"].get<double>() -
                 jl["rows"][2]["modelled_bytes_per_step"].get<double>(),
             (3 * 16384.0 + 12 * 400.0) / 8);
-  const Result spread_named = run(small + " --phases spread");
-  ASSERT_EQ(spread_named.code, 0) << spread_named.err;
-  const nlohmann::json jn = nlohmann::json::parse(spread_named.out);
+  const nlohmann::json jn = run_json(small + " --phases spread");
   EXPECT_EQ(jn["phases"], "spread");
   EXPECT_EQ(jn["rows"][2]["modelled_bytes_per_step"], js["rows"][2]["modelled_bytes_per_step"]);
   const Result bad = run(small + " --phases sometimes");
@@ -390,9 +386,7 @@ TEST_F(Cli, BenchE2eReportsEveryConfiguration) {
   const std::string args =
       "bench --e2e --backend cpu --model tiny --prompt-len 20 --new-tokens 24 --window 8 "
       "--accept-mean 4.3 --modes fp32,separate-nvfp4 --threads 1";
-  const Result r = run(args + " -o json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json j = run_json(args + " -o json");
   EXPECT_EQ(j["model"], "tiny");
   const std::vector<std::string> names = {"standard fp32 (plain decode)",
                                           "standard bf16 (plain decode)", "standard fp32 W=8",
