@@ -40,9 +40,13 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
   with_act(lc, [&]<typename ActT>() {
     size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>);
     const bool chunked = flush_splits_rows(p.batch, p.tokens, p.L, p.H, *lc.flush_grid);
+    // The whole-head form never has more items than batch x H; the chunked one splits them over
+    // as many blocks as the device holds (batch 1 to 4 with W > 1: 128 items of nemotron-h-8b
+    // would otherwise stay whole on a grid of 128 blocks).
+    const int grid = chunked ? *lc.flush_grid : std::min(p.batch * p.H, *lc.flush_grid);
     auto run = [&](auto kernel) {
       allow_dynamic_smem(kernel, lc.smem_fold);
-      launch(lc, kernel, std::min(p.batch * p.H, *lc.flush_grid), kFlushThreads, lc.smem_fold, p);
+      launch(lc, kernel, grid, kFlushThreads, lc.smem_fold, p);
     };
     constexpr bool kSr = uses_stochastic_rounding(kMode);
     const bool short_sr = kSr && p.sr_bits <= kSrFastMaxBits;
