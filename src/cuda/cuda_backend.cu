@@ -443,7 +443,7 @@ class CudaBackend final : public CacheBackend {
   cuda::LaunchConfig launch_config() const {
     return cuda::LaunchConfig{
         stream_,    sm_count_,           entries_per_lane_, config_.activation_dtype == DType::f32,
-        smem_fold_, verify_stage_bytes_, &flush_grid_};
+        smem_fold_, verify_stage_bytes_, flush_grid_};
   }
 
   void run_dense(ReplayParams& p, int slot, bool encode) const {
@@ -478,8 +478,9 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
-  mutable int flush_grid_ = 0;  // blocks of flush_kernel resident on the device at once
-  int entries_per_lane_ = 1;    // ring entries per lane of a row in verify_kernel
+  // Blocks of flush_kernel resident on the device at once, per shape (replay_launch.cuh).
+  mutable int flush_grid_[2] = {0, 0};
+  int entries_per_lane_ = 1;  // ring entries per lane of a row in verify_kernel
 };
 
 }  // namespace

@@ -31,21 +31,36 @@ inline constexpr int kFlushThreads = 128;
 // separate-nvfp4, whose second encoder is heavier, gained at W = 1 batch 64 (88.9 -> 79.6) but
 // lost at W = 8 (242.4 -> 263.1) and batch 256 (267.7 -> 274.1) and keeps 2 rows
 // (bench/results/2026-11-30-h200-session12.md). fp16-sr was not measured and keeps 2.
-constexpr int flush_rows(Mode mode) {
-  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 2 : kStepRows;
+// So separate-nvfp4 has a second shape, separate-fp8's (kOneRound), which the launcher takes for
+// steps whose items stay whole and fit in one round of its grid (flush_fits_one_round; session
+// 17's A/B of the fixed shape, after the lighter e2m1 codecs: W = 1 batch 64 56.9 -> 51.9 us,
+// W = 8 batch 64 205.7 -> 211.4, W = 1 batch 256 173.4 -> 181.0). Only the whole-head form
+// takes it (replay_launch.cuh has the numbers).
+constexpr bool has_one_round_flush(Mode mode) { return mode == Mode::separate_nvfp4; }
+constexpr int flush_rows(Mode mode, bool one_round = false) {
+  const bool four = mode == Mode::separate_fp8 || (one_round && has_one_round_flush(mode));
+  return four ? 4 : uses_stochastic_rounding(mode) ? 2 : kStepRows;
 }
-constexpr int flush_min_blocks(Mode mode) {
-  return mode == Mode::separate_fp8 ? 4 : uses_stochastic_rounding(mode) ? 6 : 5;
+constexpr int flush_min_blocks(Mode mode, bool one_round = false) {
+  const bool four = mode == Mode::separate_fp8 || (one_round && has_one_round_flush(mode));
+  return four ? 4 : uses_stochastic_rounding(mode) ? 6 : 5;
 }
 
-// Whether a flush launch takes flush_kernel's chunked form: when the entries expected to flush
-// (a step of `batch` slots and `tokens` tokens each: batch x tokens / L rounded up, as many as
-// the rings fill in a step once the slots' phases spread; an explicit flush, tokens = 0: all
-// `batch`) give at most half as many (entry, head) items as the grid has blocks. Only a
-// performance choice: both forms flush any count.
+// The entries expected to flush in a step of `batch` slots and `tokens` tokens each: batch x
+// tokens / L rounded up, as many as the rings fill in a step once the slots' phases spread; an
+// explicit flush (tokens = 0) flushes all `batch`.
+inline int64_t flush_expected_entries(int batch, int tokens, int L) {
+  return tokens == 0 ? batch : (int64_t(batch) * tokens + L - 1) / L;
+}
+// Whether a flush launch takes flush_kernel's chunked form: when the expected entries give at
+// most half as many (entry, head) items as the grid has blocks. Whether separate-nvfp4's whole-head
+// form takes its one-round shape: when they fit in one round of that shape's grid. Only
+// performance choices: every form flushes any count.
 inline bool flush_splits_rows(int batch, int tokens, int L, int H, int grid) {
-  const int64_t entries = tokens == 0 ? batch : (int64_t(batch) * tokens + L - 1) / L;
-  return 2 * entries * H <= grid;
+  return 2 * flush_expected_entries(batch, tokens, L) * H <= grid;
+}
+inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) {
+  return flush_expected_entries(batch, tokens, L) * H <= grid;
 }
 
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
@@ -112,7 +127,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // both forms cost 1-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us), so the launcher
 // picks the form and the whole-head one is the code it was before.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
-template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
                                             float* smem) {
   const int items = heads * chunks;
@@ -120,14 +135,14 @@ __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, in
     const int pair = kChunked ? item / chunks : item;  // consecutive blocks: one head's chunks
     const int listed = int(p.by_heads.div(pair));
     const ValidatedEntry e = p.flush_list[listed];
-    flush_head<kMode, ActT, flush_rows(kMode), kShortSr, kChunked>(
+    flush_head<kMode, ActT, flush_rows(kMode, kOneRound), kShortSr, kChunked>(
         p, e.slot, e.cursors, pair - listed * p.H, smem, e.b, item - pair * chunks, chunks);
     __syncthreads();
   }
 }
 
-template <Mode kMode, typename ActT, bool kShortSr, bool kChunked>
-__global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound = false>
+__global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRound))
     flush_kernel(const ReplayParams p) {
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
@@ -141,12 +156,12 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode))
   if (heads == 0) return;
   float* smem = reinterpret_cast<float*>(smem_raw);
   if constexpr (kChunked) {
-    const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);  // RowMap
+    const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode, kOneRound);
     const int groups = (p.P + rows_per_group - 1) / rows_per_group;
     const int chunks = max(1, min(groups, int(gridDim.x) / heads));
-    flush_items<kMode, ActT, kShortSr, true>(p, heads, chunks, smem);
+    flush_items<kMode, ActT, kShortSr, true, kOneRound>(p, heads, chunks, smem);
   } else {
-    flush_items<kMode, ActT, kShortSr, false>(p, heads, 1, smem);
+    flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem);
   }
   // The last block to finish (every block read the count before it got here) clears the count
   // for the next operation, so no memset node precedes the validate kernel.

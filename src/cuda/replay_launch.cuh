@@ -38,18 +38,32 @@ void ModeLaunchers<kMode>::prefill(const ReplayParams& p, const LaunchConfig& lc
 template <Mode kMode>
 void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) {
   with_act(lc, [&]<typename ActT>() {
-    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>);
-    const bool chunked = flush_splits_rows(p.batch, p.tokens, p.L, p.H, *lc.flush_grid);
+    constexpr bool kSr = uses_stochastic_rounding(kMode);
+    const bool short_sr = kSr && p.sr_bits <= kSrFastMaxBits;
+    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>, 0);
+    const bool chunked = flush_splits_rows(p.batch, p.tokens, p.L, p.H, lc.flush_grid[0]);
+    // separate-nvfp4's one-round shape only where the whole-head form runs and its grid holds
+    // every expected item at once: where the items split into row chunks, the own shape's 2 rows
+    // per thread give more chunks (H200, session 18: with the one-round shape, nemotron-h-8b
+    // batch 16 W = 1 27.5 -> 29.1 us, falcon-h1-7b batch 64 44.0 -> 48.8; batch 64 57.5 -> 52.2).
+    bool one_round = false;
+    if constexpr (has_one_round_flush(kMode)) {
+      size_flush_grid(lc, flush_kernel<kMode, ActT, kSr, false, true>, 1);
+      one_round = short_sr && !chunked &&
+                  flush_fits_one_round(p.batch, p.tokens, p.L, p.H, lc.flush_grid[1]);
+    }
+    const int resident = lc.flush_grid[one_round ? 1 : 0];
     // The whole-head form never has more items than batch x H; the chunked one splits them over
     // as many blocks as the device holds (batch 1 to 4 with W > 1: 128 items of nemotron-h-8b
     // would otherwise stay whole on a grid of 128 blocks).
-    const int grid = chunked ? *lc.flush_grid : std::min(p.batch * p.H, *lc.flush_grid);
+    const int grid = chunked ? resident : std::min(p.batch * p.H, resident);
     auto run = [&](auto kernel) {
       allow_dynamic_smem(kernel, lc.smem_fold);
       launch(lc, kernel, grid, kFlushThreads, lc.smem_fold, p);
     };
-    constexpr bool kSr = uses_stochastic_rounding(kMode);
-    const bool short_sr = kSr && p.sr_bits <= kSrFastMaxBits;
+    if constexpr (has_one_round_flush(kMode)) {
+      if (one_round) return run(flush_kernel<kMode, ActT, kSr, false, true>);
+    }
     if (short_sr && chunked)
       run(flush_kernel<kMode, ActT, kSr, true>);
     else if (short_sr)
@@ -126,14 +140,15 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   });
 }
 
-// The flush grid: as many blocks as are resident on the device at once.
+// The flush grid of a shape (0: the mode's own, 1: separate-nvfp4's one-round shape): as many
+// blocks as are resident on the device at once.
 template <typename Kernel>
-void size_flush_grid(const LaunchConfig& lc, Kernel kernel) {
-  if (*lc.flush_grid != 0) return;
+void size_flush_grid(const LaunchConfig& lc, Kernel kernel, int shape) {
+  if (lc.flush_grid[shape] != 0) return;
   int per_sm = 0;
   RSSM_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFlushThreads, lc.smem_fold));
-  *lc.flush_grid = std::max(1, per_sm) * lc.sm_count;
+  lc.flush_grid[shape] = std::max(1, per_sm) * lc.sm_count;
 }
 
 template <typename Kernel>
@@ -149,10 +164,14 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(flush_kernel<kMode, ActT, false, false>, lc.smem_fold);
     load_kernel(flush_kernel<kMode, ActT, false, true>, lc.smem_fold);
-    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>);
+    size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>, 0);
     if constexpr (uses_stochastic_rounding(kMode)) {
       load_kernel(flush_kernel<kMode, ActT, true, false>, lc.smem_fold);
       load_kernel(flush_kernel<kMode, ActT, true, true>, lc.smem_fold);
+    }
+    if constexpr (has_one_round_flush(kMode)) {
+      load_kernel(flush_kernel<kMode, ActT, true, false, true>, lc.smem_fold);
+      size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
     }
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;

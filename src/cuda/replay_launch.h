@@ -18,7 +18,7 @@ struct LaunchConfig {
   bool act_f32;               // activations in fp32 (else bf16 / fp16, told apart by act_f16)
   size_t smem_fold;           // flush, prefill, dense
   size_t verify_stage_bytes;  // verify_kernel's checkpoint staging, one stage
-  int* flush_grid;            // cached grid of flush_kernel, 0 until the first launch
+  int* flush_grid;            // [2] cached grids of flush_kernel's shapes, 0 until first sized
   bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
                               // before them in the stream (cuda_common.cuh)
 };
