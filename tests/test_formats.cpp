@@ -227,6 +227,52 @@ TEST(E2m1, EncoderMatchesThresholdsOnEveryFloatThatRounds) {
   EXPECT_GT(checked, int64_t(2) * 7 * (1 << 23));
 }
 
+// The GPU flush's e2m1 encoder (rounding to a scaled value, e4m3 conversion, codes from the
+// byte's bit fields) against f32_to_e2m1 over the same floats as above but NaN: the scaled value
+// must convert to e4m3 exactly and give f32_to_e2m1's code back, at every byte position.
+TEST(E2m1, EncoderByWayOfE4m3MatchesTheEncoder) {
+  int64_t checked = 0;
+  auto check = [&](uint32_t bits) {
+    const float x = from_bits(bits);
+    const float scaled = f32_to_e2m1_scaled(x);
+    const uint8_t byte = f32_to_e4m3(scaled);
+    const int pos = int(bits % 4);
+    const uint32_t code = e4m3x4_scaled_to_e2m1x4(uint32_t(byte) << (8 * pos)) >> (8 * pos);
+    if (f32_bits(e4m3_to_f32(byte)) != f32_bits(scaled) || code != f32_to_e2m1(x)) {
+      ADD_FAILURE() << "x = " << x << " (bits " << std::hex << bits << "): scaled " << scaled
+                    << " byte " << uint32_t(byte) << " code " << code << " vs "
+                    << uint32_t(f32_to_e2m1(x));
+      return false;
+    }
+    ++checked;
+    return true;
+  };
+  for (uint32_t bits = 0x3e000000u; bits < 0x41800000u; ++bits)  // [2^-3, 2^4)
+    if (!check(bits) || !check(bits | 0x80000000u)) return;
+  for (uint32_t e = 0; e < 255; ++e)  // exponent 255 is Inf (checked below) and NaN
+    for (uint32_t m = 0; m < 4096; ++m) {
+      const uint32_t bits = (e << 23) | (m * 2047u % 0x800000u);
+      if (!check(bits) || !check(bits | 0x80000000u)) return;
+    }
+  if (!check(0x7f800000u) || !check(0xff800000u)) return;
+  EXPECT_GT(checked, int64_t(2) * 7 * (1 << 23));
+}
+
+// e2m1x4_pair_pack puts element i of the two code words (elements 0-3 and 4-7, one code in the
+// low nibble of each byte) into nibble i.
+TEST(E2m1, PairPackPutsElementIInNibbleI) {
+  Rng rng(43);
+  for (int t = 0; t < 100000; ++t) {
+    uint32_t codes[8], lo = 0, hi = 0, want = 0;
+    for (int i = 0; i < 8; ++i) {
+      codes[i] = rng.next() & 0xfu;
+      want |= codes[i] << (4 * i);
+    }
+    for (int i = 0; i < 4; ++i) lo |= codes[i] << (8 * i), hi |= codes[4 + i] << (8 * i);
+    ASSERT_EQ(e2m1x4_pair_pack(lo, hi), want) << std::hex << lo << " " << hi;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Round-to-nearest-even on every tie between adjacent positive finite values (and mirrored).
 

@@ -334,6 +334,44 @@ RSSM_HD uint32_t e2m1x4_odd_to_e4m3x4_scaled(uint32_t packed) {
 }
 inline constexpr float kE2m1E4m3Unscale = 64.0f;  // 2^6: e4m3 value * this = e2m1 value
 
+// The encoder's way back for converters that round to e4m3 in hardware (two per instruction on
+// sm_89 and later): f32_to_e2m1's rounding of x, with |x| capped at 6 first (the same codes:
+// f32_to_e2m1 saturates every magnitude above 5 to 6), returned as the value of the e4m3 byte
+// that e2m1x4_even_to_e4m3x4_scaled makes of the code: the rounded magnitude times 2^-6, sign
+// kept. Its e4m3 conversion is exact and e4m3x4_scaled_to_e2m1x4 takes the codes back out.
+// x must not be NaN (f32_to_e2m1 maps NaN to code 0; this to 6 with x's sign).
+RSSM_HD float f32_to_e2m1_scaled(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t a0 = u & 0x7fffffffu;
+  const uint32_t a = a0 < 0x40c00000u ? a0 : 0x40c00000u;  // min(|x|, 6)
+  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;  // as in f32_to_e2m1
+  const uint32_t magic = (e + 22u) << 23;
+  const float sum = detail::add_rn(bits_f32(a), bits_f32(magic));  // rounded at the step
+  // (sum - M) 2^-6: exact (sum and M share a binade; scaling by 2^-6 stays normal), so one fused
+  // operation on the device gives the same bits as the two here.
+#if defined(__CUDA_ARCH__)
+  const float r = __fmaf_rn(sum, 0x1p-6f, -bits_f32(magic - (6u << 23)));
+#else
+  const float r = (sum - bits_f32(magic)) * 0x1p-6f;
+#endif
+  return bits_f32(f32_bits(r) | (u & 0x80000000u));
+}
+// Four e4m3 bytes (the values of f32_to_e2m1_scaled, element i in byte i) as four e2m1 codes,
+// element i in the low nibble of byte i: the inverse of e2m1x4_even_to_e4m3x4_scaled.
+RSSM_HD uint32_t e4m3x4_scaled_to_e2m1x4(uint32_t bytes) {
+  return ((bytes >> 2) & 0x07070707u) | ((bytes >> 4) & 0x08080808u);
+}
+// Eight codes in the packed layout (element i in nibble i) from two words of
+// e4m3x4_scaled_to_e2m1x4 (elements 0-3 and 4-7).
+RSSM_HD uint32_t e2m1x4_pair_pack(uint32_t lo, uint32_t hi) {
+  const uint32_t a = lo | (lo >> 4), b = hi | (hi >> 4);  // bytes 0 and 2: two codes each
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, 0x6420);
+#else
+  return (a & 0xffu) | ((a >> 8) & 0xff00u) | ((b & 0xffu) << 16) | ((b << 8) & 0xff000000u);
+#endif
+}
+
 // 2^e as an fp32 number, for -126 <= e <= 127 (normal numbers only).
 RSSM_HD float pow2_f32(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
 

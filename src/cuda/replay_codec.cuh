@@ -290,12 +290,21 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   const float d = __half2float(__half(__nv_cvt_fp8_to_halfraw(block_scale, __NV_E4M3)));
   const bool live = d > 0.f;  // false for 0 and for NaN (a NaN row)
   const float k = live ? __fdiv_rn(g, d) : 0.f;
-  packed = 0;
+  // The products are finite where the block is live (|v| <= amax, k finite), so the rounding of
+  // f32_to_e2m1_scaled is f32_to_e2m1's; the e4m3 conversions of its values are exact, two per
+  // instruction, and the codes come out of the bytes' bit fields (formats.h).
+  uint32_t bytes[2];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint8_t code = live ? f32_to_e2m1(__fmul_rn(v[i], k)) : uint8_t(0);
-    packed |= uint32_t(code) << (4 * i);
+  for (int w = 0; w < 2; ++w) {
+    const float2 lo = make_float2(f32_to_e2m1_scaled(__fmul_rn(v[4 * w], k)),
+                                  f32_to_e2m1_scaled(__fmul_rn(v[4 * w + 1], k)));
+    const float2 hi = make_float2(f32_to_e2m1_scaled(__fmul_rn(v[4 * w + 2], k)),
+                                  f32_to_e2m1_scaled(__fmul_rn(v[4 * w + 3], k)));
+    bytes[w] = e4m3x4_scaled_to_e2m1x4(
+        uint32_t(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
+        uint32_t(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16);
   }
+  packed = live ? e2m1x4_pair_pack(bytes[0], bytes[1]) : 0u;
   e2m1x8_to_f32(packed, d, rv);
   return __fdiv_rn(amax, kGlobal);
 }
