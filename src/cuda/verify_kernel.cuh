@@ -96,8 +96,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   bool folded = false;  // one launch: this kernel flushed the entry (then ring B: finish_verify)
   if constexpr (kOneLaunch) {
     slot = p.slots[b];
-    if (slot < 0) return;                                                   // padding
-    if (!entry_valid<ActT>(p, b, slot, blockIdx.x == 0 && g == 0)) return;  // uniform
+    // The input scan needs only b: its loads go out with the slot's, in batches (H200, phase
+    // clocks of a batch-1 step: the validation took 6200 of its 18000 cycles, the chain slot ->
+    // cursors -> scan -> scan remainder -> dt one round trip after another).
+    const bool nonfinite = entry_has_nonfinite<ActT, true>(p, b, threadIdx.x, blockDim.x);
+    if (slot < 0) return;                                                              // padding
+    if (!entry_valid<ActT>(p, b, slot, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
     // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
     // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
     // other block. Nothing else is live across the fold, which has the registers to itself.
