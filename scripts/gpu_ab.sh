@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # A/B on the GPU machine in one device call: several source trees (this one and worktrees of
-# branches carried with the call) are built in parallel, each runs the GPU tests, then each runs
-# the same benchmark one after the other (same card state, same copy-bandwidth ceiling). All
-# results are packed into $OUT/results.tgz, one file, since the device tool returns at most 8.
+# branches carried with the call) are built in parallel, each runs the CUDA backend's tests, then
+# the same benchmark runs in every tree in turn, ROUNDS times with the order reversed each round
+# (same card state, same copy-bandwidth ceiling; a drift over the call shows as a difference
+# between rounds). Results go to $OUT/results.tgz, packed again after every step, since the
+# device tool returns at most 8 files and a call cut short keeps what it had packed.
 #   scripts/gpu_ab.sh TREE...        e.g. scripts/gpu_ab.sh . .cuda-wt/nvfp4 .cuda-wt/prepare
-# Environment: BENCH_ARGS (the `replayssm bench --backend cuda` options; default below),
-# LIMIT_S (overall seconds, default 540: the results are packed even when it runs out).
+# Environment:
+#   BENCH_ARGS     the `replayssm bench --backend cuda` options (default below); several
+#                  configurations separated by ';' run one after the other in each round
+#   ROUNDS         rounds of the benchmarks (default 2)
+#   BENCH_LIMIT_S  seconds per benchmark run (default 120; batch 256 at W = 8 with the standard
+#                  T = 8 baselines alone takes about 20 s)
+#   TARGETS        build targets (default: replayssm-cli test_cuda_backend; `all` builds everything
+#                  and then runs `ctest -L gpu` instead of test_cuda_backend)
+#   LIMIT_S        overall seconds (default 540): later steps are skipped, the results packed
+# Each run writes bench-<configuration>-<round>-<tree>.json (and .err, whose `[bench]` lines are
+# the rows measured so far, kept even when the run's limit cuts it short).
 # Make a tree: `git worktree add .cuda-wt/NAME BRANCH` (.cuda-wt/ is excluded from git), and name
 # it, with .cuda-wt/.deps where the machine lacks the test packages (docs/cuda.md), in `carry`.
 set -uo pipefail
@@ -15,43 +26,70 @@ work=$(mktemp -d)
 mkdir -p "$out"
 [[ -d .cuda-wt/.deps/usr ]] && cp -rn .cuda-wt/.deps/usr/. /usr/ 2>/dev/null
 bench_args=${BENCH_ARGS:---batches 1,64,256 --modes shared-fp8,separate-fp8,separate-nvfp4 --windows 1,8}
+rounds=${ROUNDS:-2}
+bench_limit=${BENCH_LIMIT_S:-120}
+limit=${LIMIT_S:-540}
+targets=${TARGETS:-replayssm-cli test_cuda_backend}
 jobs=$(($(nproc) / $#))
 ((jobs < 2)) && jobs=2
-name() { [[ $1 == . ]] && echo main || basename "$1"; }
+name() { if [[ $1 == . ]]; then echo main; else basename "$1"; fi; }
+pack() { tar -czf "$out/results.tgz" -C "$work" .; }
+left() {  # at least 1: `timeout 0` would mean no limit
+  local l=$((limit - SECONDS))
+  echo $((l > 1 ? l : 1))
+}
 
-timeout "${LIMIT_S:-540}" bash -s "$work" "$jobs" "$bench_args" "$@" <<'EOF'
-work=$1 jobs=$2 bench_args=$3
-shift 3
-name() { [[ $1 == . ]] && echo main || basename "$1"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$work/gpu.txt" 2>&1
 for t in "$@"; do
   r="$work/$(name "$t")"
   mkdir -p "$r"
   (cd "$t" && git log -1 --format='%H %s' > "$r/commit.txt" 2>/dev/null
-   cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release \
-     > "$r/build.txt" 2>&1 && cmake --build build -j"$jobs" >> "$r/build.txt" 2>&1
-   rc=$?; echo "[$(name "$t")] build exit $rc") &
+   build_targets=()
+   [[ $targets == all ]] || read -r -a build_targets <<< "--target $targets"
+   # shellcheck disable=SC2016  # expanded by the inner shell: $0 = jobs, $@ = the targets
+   timeout "$(left)" bash -c 'cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
+       -DCMAKE_BUILD_TYPE=Release -DREPLAYSSM_PYTHON=OFF && cmake --build build -j"$0" "${@}"' \
+     "$jobs" "${build_targets[@]}" > "$r/build.txt" 2>&1
+   echo "[$(name "$t")] build exit $? at ${SECONDS}s") &
 done
 wait
+pack
 for t in "$@"; do
   r="$work/$(name "$t")"
-  (cd "$t" && ctest --test-dir build -L gpu --output-on-failure -j4 > "$r/test.txt" 2>&1
-   rc=$?; echo "[$(name "$t")] gpu tests exit $rc: $(grep -E 'tests passed' "$r/test.txt")"
-   grep -hE '^\[(cuda-vs-cpu|standard-decode)\]' build/Testing/Temporary/LastTest.log \
-     > "$r/agreement.txt" 2>/dev/null) &
+  (cd "$t" || exit
+   if [[ $targets == all ]]; then
+     timeout 150 ctest --test-dir build -L gpu --output-on-failure -j4 > "$r/test.txt" 2>&1
+   else
+     timeout 150 ./build/tests/test_cuda_backend > "$r/test.txt" 2>&1
+   fi
+   echo "[$(name "$t")] tests exit $?: $(grep -hE 'tests passed|^\[  (PASSED|FAILED)' "$r/test.txt" | tr '\n' ' ')") &
 done
 wait
-for t in "$@"; do
-  r="$work/$(name "$t")"
-  # shellcheck disable=SC2086
-  (cd "$t" && ./build/bin/replayssm bench --backend cuda $bench_args > "$r/bench.txt" 2>&1
-   rc=$?; echo "[$(name "$t")] bench exit $rc")
+pack
+IFS=';' read -r -a configs <<< "$bench_args"
+trees=("$@")
+for ((round = 1; round <= rounds; ++round)); do
+  order=("${trees[@]}")
+  if ((round % 2 == 0)); then  # reversed, so no tree always runs first
+    order=()
+    for ((i = ${#trees[@]} - 1; i >= 0; --i)); do order+=("${trees[i]}"); done
+  fi
+  for ((c = 0; c < ${#configs[@]}; ++c)); do
+    for t in "${order[@]}"; do
+      tag="bench-c$c-r$round-$(name "$t")"
+      if (($(left) < bench_limit)); then
+        echo "[$(name "$t")] skipped $tag: LIMIT_S"
+        continue
+      fi
+      # shellcheck disable=SC2086
+      (cd "$t" && timeout "$bench_limit" ./build/bin/replayssm bench --backend cuda ${configs[c]} \
+         -o json > "$work/$tag.json" 2> "$work/$tag.err")
+      echo "[$(name "$t")] $tag exit $? at ${SECONDS}s"
+      grep -h '^\[bench\] replay' "$work/$tag.err"
+      pack
+    done
+  done
 done
-EOF
-echo "[ab] exit $? (124: LIMIT_S ran out)"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$work/gpu.txt" 2>&1
-for t in "$@"; do
-  echo "== $(name "$t")"
-  grep -E '^\| (standard|replay)' "$work/$(name "$t")/bench.txt" 2>/dev/null
-done
-tar -czf "$out/results.tgz" -C "$work" .
+printf '%s\n' "${configs[@]}" > "$work/configurations.txt"
+pack
 rm -rf "$work"
