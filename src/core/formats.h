@@ -298,14 +298,25 @@ RSSM_HD int8_t f32_to_int8(float x) {
 // fp32 ulp is that step, so the addition itself rounds a / step to an integer k, ties to even
 // (an even k is an even index in every binade); k is the sum's bits minus M's. The index is k +
 // 2 e (e = 0, 1, 2), capped at 7: a is first capped at 8 (Inf too), whose k + 2 e = 8 saturates.
+namespace detail {
+// The rounding both e2m1 encoders share: magnitude bits `a` (finite, at most 8) plus M = 2^23 x
+// the grid step of a's binade (biased exponent e, at least 2^0's), whose sum's rounding is the
+// format's; returns the sum and sets `magic` to M's bits.
+RSSM_HD float e2m1_grid_sum(uint32_t a, uint32_t& magic) {
+  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;
+  magic = (e + 22u) << 23;  // 2^23 x step = 2^(e - 127 + 22)
+  return add_rn(bits_f32(a), bits_f32(magic));
+}
+}  // namespace detail
+
 RSSM_HD uint8_t f32_to_e2m1(float x) {
   const uint32_t u = f32_bits(x);
   const uint32_t sign = (u >> 28) & 0x8u;
   const uint32_t a0 = u & 0x7fffffffu;
   const uint32_t a = a0 < 0x41000000u ? a0 : 0x41000000u;  // min(|x|, 8); NaN handled below
-  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;  // biased exponent, at least 2^0's
-  const uint32_t magic = (e + 22u) << 23;                  // 2^23 x step = 2^(e - 127 + 22)
-  const uint32_t k = f32_bits(detail::add_rn(bits_f32(a), bits_f32(magic))) - magic;
+  uint32_t magic;
+  const uint32_t k = f32_bits(detail::e2m1_grid_sum(a, magic)) - magic;
+  const uint32_t e = (magic >> 23) - 22u;  // the binade's biased exponent
   const uint32_t index = k + 2u * (e - 127u);
   const uint32_t code = sign | (index < 7u ? index : 7u);
   return static_cast<uint8_t>(detail::is_nan_bits(u) ? 0u : code);
@@ -344,9 +355,8 @@ RSSM_HD float f32_to_e2m1_scaled(float x) {
   const uint32_t u = f32_bits(x);
   const uint32_t a0 = u & 0x7fffffffu;
   const uint32_t a = a0 < 0x40c00000u ? a0 : 0x40c00000u;  // min(|x|, 6)
-  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;  // as in f32_to_e2m1
-  const uint32_t magic = (e + 22u) << 23;
-  const float sum = detail::add_rn(bits_f32(a), bits_f32(magic));  // rounded at the step
+  uint32_t magic;
+  const float sum = detail::e2m1_grid_sum(a, magic);  // rounded at the step
   // (sum - M) 2^-6: exact (sum and M share a binade; scaling by 2^-6 stays normal), so one fused
   // operation on the device gives the same bits as the two here.
 #if defined(__CUDA_ARCH__)
