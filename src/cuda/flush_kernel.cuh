@@ -144,6 +144,7 @@ __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, in
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound = false>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRound))
     flush_kernel(const ReplayParams p) {
+  static_assert(!(kChunked && kOneRound), "the one-round shape is a whole-head form");
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
   const int heads = *p.flush_count * p.H;
@@ -156,10 +157,10 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
   if (heads == 0) return;
   float* smem = reinterpret_cast<float*>(smem_raw);
   if constexpr (kChunked) {
-    const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode, kOneRound);
+    const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);
     const int groups = (p.P + rows_per_group - 1) / rows_per_group;
     const int chunks = max(1, min(groups, int(gridDim.x) / heads));
-    flush_items<kMode, ActT, kShortSr, true, kOneRound>(p, heads, chunks, smem);
+    flush_items<kMode, ActT, kShortSr, true, false>(p, heads, chunks, smem);
   } else {
     flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem);
   }
