@@ -174,6 +174,28 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
 
+  // W = 1: the window's x and every head's deltas are loaded before the staging of B and C, so
+  // that their round trips overlap its (phase clocks of a batch-1 step, session 18: the staging
+  // took 4500 cycles, its loops one round trip after another). Two of each per thread are held
+  // in registers (at W = 1 every preset has at most 128 x vectors and 256 (head, entry) pairs per
+  // block); the stores after the staging take any rest from memory.
+  constexpr int kVec = 16 / sizeof(ActT);  // elements per 16-byte vector
+  const int log2_L = __ffs(L) - 1;
+  const int x_vectors = p.heads_per_block * P / kVec, delta_pairs = p.heads_per_block * L;
+  // The block's heads are one contiguous run of x in the input and in the ring (W = 1).
+  const uint4* x_src =
+      reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + (int64_t(b) * H + h0) * P);
+  uint4 x_ahead[2];
+  float delta_ahead_w1[2];
+  if constexpr (kW == 1) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int t = threadIdx.x + q * blockDim.x, hh = t >> log2_L, k = t & (L - 1);
+      if (t < x_vectors) x_ahead[q] = x_src[t];
+      delta_ahead_w1[q] =
+          t < delta_pairs && k < m ? entry_delta(p, sec, after, b, h0 + hh, k) : 0.f;
+    }
+  }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
   {
     const StageSegment<ActT> seg[3] = {
@@ -188,17 +210,17 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // The window's ring x and delta for this block's heads (raw copies: the ring holds the
   // activation dtype). Logical positions c.. are read by no block of this step.
   {
-    constexpr int kVec = 16 / sizeof(ActT);  // elements per 16-byte vector
     if constexpr (kW == 1) {
-      // The block's heads are one contiguous run of x in the input and in the ring.
+      // The x loaded ahead; the window's delta goes to the ring with the heads' deltas below.
       const int phys = ring_index(after, c, L);
       uint4* dst =
           reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h0) * P);
-      const uint4* src =
-          reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + (int64_t(b) * H + h0) * P);
-      for (int i = threadIdx.x; i < p.heads_per_block * P / kVec; i += blockDim.x) dst[i] = src[i];
-      for (int hh = threadIdx.x; hh < p.heads_per_block; hh += blockDim.x)
-        sec.ring_delta[phys * H + h0 + hh] = entry_delta(p, sec, after, b, h0 + hh, c);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int i = threadIdx.x + q * blockDim.x;
+        if (i < x_vectors) dst[i] = x_ahead[q];
+      }
+      for (int i = threadIdx.x + 2 * blockDim.x; i < x_vectors; i += blockDim.x) dst[i] = x_src[i];
     } else {
       // One flat loop over (head, token, vector): a loop per token serialised the tokens' loads
       // and stores (H200, W = 8 batch 64 separate-fp8: 196.8 -> 206.8 us).
@@ -221,12 +243,27 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     // After a fold in this kernel, by the entry's last block (finish_verify).
     if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
-  if constexpr (kW == 1 || kDirect) {
-    // W = 1 and direct: the deltas of every head of the block, loaded with the staging above (the
-    // window's come from dt, not from the ring positions written there).
+  if constexpr (kW == 1) {
+    // The deltas of every head of the block, loaded ahead of the staging (the window's come from
+    // dt, not from the ring positions written here), and the window's into the ring.
     // (head, entry) pairs as t = hh L + k (L a power of two): no division by m.
-    const int log2_L = __ffs(L) - 1;
-    for (int t = threadIdx.x; t < p.heads_per_block * L; t += blockDim.x) {
+    const int phys = ring_index(after, c, L);
+    auto store = [&](int t, float delta) {
+      const int hh = t >> log2_L, k = t & (L - 1);
+      if (k >= m) return;
+      sm.head_delta[hh * L + k] = delta;
+      if (k == c) sec.ring_delta[phys * H + h0 + hh] = delta;
+    };
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int t = threadIdx.x + q * blockDim.x;
+      if (t < delta_pairs) store(t, delta_ahead_w1[q]);
+    }
+    for (int t = threadIdx.x + 2 * blockDim.x; t < delta_pairs; t += blockDim.x)
+      store(t, entry_delta(p, sec, after, b, h0 + (t >> log2_L), t & (L - 1)));
+  } else if constexpr (kDirect) {
+    // Direct at W > 1: the deltas of every head of the block, loaded with the staging above.
+    for (int t = threadIdx.x; t < delta_pairs; t += blockDim.x) {
       const int hh = t >> log2_L, k = t & (L - 1);
       if (k < m) sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
     }
@@ -260,7 +297,6 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     // column j (i = c + j its logical position) gets w_jk = 0 for k > i and for j >= W.
     __syncthreads();  // sm.dot
     const int hpb = p.heads_per_block;
-    const int log2_L = __ffs(L) - 1;
     for (int t = threadIdx.x; t < hpb * L; t += blockDim.x) {
       const int hh = t >> log2_L, k = t & (L - 1);
       if (k >= m) continue;
