@@ -486,12 +486,20 @@ TEST(CudaBackend, DirectReadoutMatchesCpu) {
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 20, decode, false, act);
   // Speculative windows (W = 2 to 4 take the kW = 4 instantiation, every column of the tensor
-  // cores' window; 5 to 8 the staged readout), the accepted counts spreading the slots' phases.
+  // cores' window, 5 to 8 the kW = 8 one; with bf16 activations the ring term on the tensor cores
+  // in the walk), the accepted counts spreading the slots' phases. fp16 activations: the ring
+  // term on the CUDA cores at W <= 4 and the staged readout above.
   auto speculative = [](int, std::mt19937_64& rng) { return 1 + int(rng() % 8); };
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
     check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 16, speculative, false);
   }
+  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 16, speculative, false,
+                          DType::f16);
+  // Blocks of several heads (4 per block at W > 1 on a 132-SM H200; two tiles per head, so a
+  // warp's tiles change heads), which windows 5 to 8 need to take the direct readout.
+  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4})
+    check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 10, speculative, false);
   check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
                           DType::f32);
 }

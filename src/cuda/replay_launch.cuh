@@ -87,7 +87,8 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
 // specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
 // the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok and verify_direct_fits at
-// W <= kDirectMaxWindow, verify_wide, else chained).
+// W <= kDirectMaxWindow, or at W = 5 to 8 where the ring term is on the tensor cores
+// (direct_ring_mma_ok), verify_wide, else chained).
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
@@ -105,15 +106,18 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   with_act(lc, [&]<typename ActT>() {
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
+      auto ring_mma = [&](int windows) {
+        return direct_ring_mma_ok(int(sizeof(ActT)), p.act_f16, p.L, windows);
+      };
       auto run_direct = [&]<int kW>() {
-        const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block, kW);
+        const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block, kW, ring_mma(kW));
         if (p.N == 128)
           return run_with(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 2>, smem);
         run_with(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 4>, smem);
       };
       auto direct = [&](int windows) {
         return !one_launch && verify_direct_ok(kMode, p.P, p.N) &&
-               verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows);
+               verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows, ring_mma(windows));
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch)
         run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
@@ -129,7 +133,13 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         if constexpr (has_direct_readout(kMode))
           if (direct(kDirectMaxWindow)) return run_direct.template operator()<kDirectMaxWindow>();
         run(verify_kernel<kMode, ActT, 4, kEntries, V::chained>, 4);
-      } else {  // W > kDirectMaxWindow: staged
+      } else {  // W > kDirectMaxWindow: direct with the ring term on the tensor cores, or staged
+        // Blocks of one head (small batches) keep the staged readout: H200, batch 1 W = 8,
+        // shared-fp8 / separate-fp8 / separate-nvfp4 23.3 / 24.2 / 23.9 us staged, 23.8 / 24.8 /
+        // 26.2 direct (batch 64: 144.2 / 177.9 / 193.3 -> 122.5 / 153.9 / 185.7).
+        if constexpr (has_direct_readout(kMode))
+          if (ring_mma(8) && p.heads_per_block > 1 && direct(8))
+            return run_direct.template operator()<8>();
         run(verify_kernel<kMode, ActT, 8, kEntries, V::chained>, 8);
       }
     };
@@ -183,7 +193,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
       auto load_direct = [&]<int kW>() {  // the largest block a launch may take (fits)
-        const size_t smem = std::min(verify_direct_smem(L, N, P, max_heads, kW), kDirectMaxSmem);
+        const bool ring_mma = direct_ring_mma_ok(int(sizeof(ActT)), false, L, kW);
+        const size_t smem =
+            std::min(verify_direct_smem(L, N, P, max_heads, kW, ring_mma && kW > kDirectMaxWindow),
+                     kDirectMaxSmem);
         if (N == 128)
           load_kernel(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 2>, smem);
         else
@@ -193,6 +206,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
         if (verify_direct_ok(kMode, P, N)) {
           load_direct.template operator()<1>();
           load_direct.template operator()<kDirectMaxWindow>();
+          if (direct_ring_mma_ok(int(sizeof(ActT)), false, L, 8))
+            load_direct.template operator()<8>();
         }
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
                   verify_smem(lc, L, N, 4, max_heads, kMode, false));

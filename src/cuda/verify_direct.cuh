@@ -25,15 +25,20 @@ namespace replayssm::cuda {
 // verify's warp instructions 13.3 M -> 8.0 M, W = 1 batch 64 separate-fp8 56.2 -> 49.4 us).
 // At W > 1 the same MMAs fill the window's columns (n = 8 of the m16n8k16 shape: at W = 1 seven
 // of them are zeros), and the ring term of every (row, window) pair is formed before the walk
-// like W = 1's, from every head's weights formed at once (StepSmem all_heads). Windows of 5 to 8
-// keep the staged readout (kDirectMaxWindow): there the ring terms, 8 per row summed by the
-// CUDA cores, cost more than the tensor-core ring term of the staged variant saves (H200
-// session 16, batch 64 W = 8 shared-fp8 / separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1
-// direct; at W = 4 110.6 / 130.4 staged, 102.4 / 122.8 direct). separate-nvfp4 reads its
+// like W = 1's, from every head's weights formed at once (StepSmem all_heads). With bf16
+// activations and history <= 16 (direct_ring_mma_ok) the ring term of W > 1 is formed on the
+// tensor cores inside the walk instead, tile by tile (DirectReader<..., true>): the A operand is
+// the tile's x of 16 rows x 16 entries, loaded from global memory with the codes (4 bytes of two
+// rows of one entry per lane, transposed by movmatrix), the B operand the head's w split in three
+// bf16 parts (direct_ring_weights), the gains formed per tile; then windows 5 to 8 take the
+// direct readout too. The ring terms summed by the CUDA cores, 8 per row at W = 8, cost more than
+// the staged readout's tensor-core ring term saves (H200 session 16, batch 64 W = 8 shared-fp8 /
+// separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1 direct; at W = 4 110.6 / 130.4 staged,
+// 102.4 / 122.8 direct), so fp16 activations keep those windows staged. separate-nvfp4 reads its
 // 64-byte pieces as 128 columns (8 k-steps) with the lane's two block scales (DirectPiece), which
 // its decoder multiplies into the codes (e2m1 times e4m3, exact in fp16): batch 64 W = 1 80.8
 // -> 63.2 us against the staged readout.
-inline constexpr int kDirectMaxWindow = 4;
+inline constexpr int kDirectMaxWindow = 4;  // with the ring term on the CUDA cores
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
 inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
 
@@ -46,6 +51,14 @@ __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
   return has_direct_readout(mode) && P % 16 == 0 && (N == 128 || N == 256);
 }
 
+// The ring term of W > 1 on the tensor cores in the direct walk: 16-bit activations that are
+// bf16 (the A operand's type; fp16 x would need fp16 parts of w, whose range is too short) and at
+// most 16 ring entries (one k-step of the m16n8k16 shape). windows: W rounded up (kW).
+__host__ __device__ constexpr bool direct_ring_mma_ok(int act_bytes, bool act_f16, int L,
+                                                      int windows) {
+  return windows > 1 && act_bytes == 2 && !act_f16 && L <= 16;
+}
+
 struct DirectPiece {
   uint4 lo, hi;  // 16 code bytes of rows g and g + 8 of one tile, one 64-byte piece
   uint16_t scales_lo, scales_hi;  // nvfp4: the e4m3 scales of their 2 blocks of 16 columns
@@ -54,17 +67,24 @@ struct DirectPiece {
 // Shared memory of the direct readout, after StepSmem: per row r of the block's heads and
 // window column j (i = c + j)
 //   gain[r][j] = exp(A L_i) * c_unscale_j * scale_r,   ring[r][j] = sum_{k <= i} w_jk x_k[r]
-// so that y_j[r] = gain[r][j] * (codes_r . C_j) + ring[r][j].
+// so that y_j[r] = gain[r][j] * (codes_r . C_j) + ring[r][j]; or, with the ring term on the
+// tensor cores (ring_mma), each head's B fragments of w instead (the gains are formed per tile).
 struct DirectSmem {
-  float* gain;  // [heads_per_block * P, windows]
-  float* ring;  // [heads_per_block * P, windows]
-  __host__ __device__ static size_t bytes(int heads, int P, int windows) {
-    return 2 * size_t(heads) * P * windows * sizeof(float);
+  float* gain;    // [heads_per_block * P, windows]
+  float* ring;    // [heads_per_block * P, windows]
+  uint2* ring_w;  // ring_mma: [heads_per_block, 3 parts, 32 lanes] (direct_ring_weights)
+  __host__ __device__ static size_t bytes(int heads, int P, int windows, bool ring_mma) {
+    return ring_mma ? size_t(heads) * 3 * 32 * sizeof(uint2)
+                    : 2 * size_t(heads) * P * windows * sizeof(float);
   }
-  __device__ static DirectSmem carve(uint8_t* base, int heads, int P, int windows) {
-    DirectSmem d;
-    d.gain = reinterpret_cast<float*>(base);
-    d.ring = d.gain + heads * P * windows;
+  __device__ static DirectSmem carve(uint8_t* base, int heads, int P, int windows, bool ring_mma) {
+    DirectSmem d{};
+    if (ring_mma) {
+      d.ring_w = reinterpret_cast<uint2*>(base);
+    } else {
+      d.gain = reinterpret_cast<float*>(base);
+      d.ring = d.gain + heads * P * windows;
+    }
     return d;
   }
 };
@@ -90,16 +110,17 @@ __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], b
 
 // verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1 or
 // kDirectMaxWindow): no stages, every head's weights and the rows' gains and ring terms instead.
-inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows) {
-  return StepSmem::bytes(L, N, windows, heads, true, true) + DirectSmem::bytes(heads, P, windows);
+inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows, bool ring_mma) {
+  return StepSmem::bytes(L, N, windows, heads, true, true) +
+         DirectSmem::bytes(heads, P, windows, ring_mma);
 }
 // The most shared memory a direct readout block takes: its gains and ring terms grow with the
 // window (2 W floats per row), so a block of many long heads would need more than it should take
 // (a block of falcon-h1-7b's 24 heads of 128 rows needs about 133 KB at W = 4); such steps keep
 // the staged readout.
 inline constexpr size_t kDirectMaxSmem = 100 * 1024;
-inline bool verify_direct_fits(int L, int N, int P, int heads, int windows) {
-  return verify_direct_smem(L, N, P, heads, windows) <= kDirectMaxSmem;
+inline bool verify_direct_fits(int L, int N, int P, int heads, int windows, bool ring_mma) {
+  return verify_direct_smem(L, N, P, heads, windows, ring_mma) <= kDirectMaxSmem;
 }
 
 // The ring terms and gains of the block's rows (heads h0.., heads_per_block * P rows) for the
@@ -183,6 +204,37 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   }
 }
 
+// ring_mma: each head's w as the B operand of ring_term_mma's shape, lane (g, t) holding column
+// j = g at entries 2t, 2t + 1 (x) and 2t + 8, 2t + 9 (y), in three bf16 parts (hi + mid + lo
+// carry w's 24 significant bits, so each product with a bf16 x is exact); 0 past m and for
+// j >= W (head_w holds 0 there).
+template <int kW>
+__device__ __forceinline__ void direct_ring_weights(const StepSmem& sm, const DirectSmem& ds,
+                                                    int heads, int L, int m) {
+  for (int i = threadIdx.x; i < heads * 32; i += blockDim.x) {
+    const int hh = i / 32, lane = i % 32, g = lane / 4, t = lane % 4;
+    float v[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int k = 2 * t + (q & 1) + 8 * (q >> 1);
+      v[q] = g < kW && k < m ? sm.head_w[(hh * kW + g) * L + k] : 0.f;
+    }
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      const uint32_t b0 = bf16x2_split(v[0], v[1]), b1 = bf16x2_split(v[2], v[3]);
+      ds.ring_w[(hh * 3 + part) * 32 + lane] = make_uint2(b0, b1);
+    }
+  }
+}
+
+// ring_mma: what a tile's ring term and gains need beside its codes, loaded with them. x[i] is
+// 4 bytes of entry k0 + g (i < 2) or k0 + 8 + g, rows 2t, 2t + 1 (+ 8 for odd i) of the tile: a
+// fragment of the 8 x 8 matrix [entry][row], which movmatrix transposes into the A fragment.
+struct DirectRingX {
+  uint32_t x[4];
+  float scale[2];  // the row scales of rows g and g + 8
+};
+
 // One warp's walk over its tiles (tile w, w + warps, ... of the block's rows; N = 64 kBlocks
 // columns, a row of kRowBytes code bytes in 64-byte pieces: 64 columns of 8-bit codes, 128 of
 // nvfp4): prefetch() requests the first kAhead tiles (before the block's prologue), run() reads
@@ -190,7 +242,8 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
 // piece's buffer is reloaded as soon as its codes are converted, so that no register moves
 // between buffers and no address is recomputed per piece. nvfp4: lane t's 32 codes of a row
 // piece are 2 blocks of 16 (2t, 2t + 1 of the piece's 8), whose e4m3 scales come with the piece.
-template <Mode kMode, int kBlocks>
+// kRingMma: the walk can also form the ring term on the tensor cores (init_ring, run<kW, true>).
+template <Mode kMode, int kBlocks, bool kRingMma = false>
 struct DirectReader {
   static constexpr bool kFp4 = kMode == Mode::separate_nvfp4;
   static constexpr int kN = 64 * kBlocks;                 // dstate
@@ -205,6 +258,12 @@ struct DirectReader {
   int64_t stride;              // code bytes from one of this warp's tiles to its next
   int tiles;                   // this warp's tiles
   DirectPiece buf[kAhead][kPieces];
+  // kRingMma, after init_ring: entries g and 8 + g of this lane at its first tile's row 2t
+  // (nullptr past m), the row scales at its row g, and rows from there to the next tile to request.
+  const uint16_t* x_entry[2] = {nullptr, nullptr};
+  const float* row_scale = nullptr;
+  int xrow = 0;
+  DirectRingX ring_buf[kRingMma ? kAhead : 1];
 
   // codes [H * P, kRowBytes], block_scales [H * P, kN / 16] (nvfp4; else unused)
   __device__ void init(const uint8_t* codes, const uint8_t* block_scales, int h0, int P,
@@ -225,16 +284,37 @@ struct DirectReader {
       q.scales_hi = *reinterpret_cast<const uint16_t*>(next_scales + 8 * pc + 8 * kScaleBytes);
     }
   }
+  // The ring term's operands (kRingMma): x_lo / x_hi the rows of entries g and 8 + g of the
+  // block's first row (nullptr: 0), scales the block's row scales.
+  __device__ void init_ring(const uint16_t* x_lo, const uint16_t* x_hi, const float* scales) {
+    const int lane = threadIdx.x % 32, first = 16 * (threadIdx.x / 32);
+    x_entry[0] = x_lo ? x_lo + first + 2 * (lane % 4) : nullptr;
+    x_entry[1] = x_hi ? x_hi + first + 2 * (lane % 4) : nullptr;
+    row_scale = scales + first + lane / 4;
+  }
+  __device__ __forceinline__ void request_ring(DirectRingX& q) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t* e = x_entry[i >> 1];
+      q.x[i] = e ? *reinterpret_cast<const uint32_t*>(e + xrow + 8 * (i & 1)) : 0u;
+    }
+    q.scale[0] = row_scale[xrow];
+    q.scale[1] = row_scale[xrow + 8];
+  }
   __device__ __forceinline__ void advance() {
     next += stride;
     if constexpr (kFp4) next_scales += stride / kRowBytes * kScaleBytes;
+    if constexpr (kRingMma) xrow += int(stride / kRowBytes);
   }
-  __device__ __forceinline__ void prefetch() {
+  // ring: the ring term's operands too (after init_ring).
+  __device__ __forceinline__ void prefetch(bool ring = false) {
 #pragma unroll
     for (int a = 0; a < kAhead; ++a) {
       if (a < tiles) {
 #pragma unroll
         for (int pc = 0; pc < kPieces; ++pc) request(buf[a][pc], pc);
+        if constexpr (kRingMma)
+          if (ring) request_ring(ring_buf[a]);
       }
       advance();
     }
@@ -268,16 +348,23 @@ struct DirectReader {
     }
   }
   // y: row 0 of head h0 in window column 0, rows [heads * P], window column j at j *
-  // window_stride (kW: W rounded up to 1 or kDirectMaxWindow).
-  template <int kW, typename YT>
+  // window_stride (kW: W rounded up to 1, kDirectMaxWindow or 8). kRing: the ring term on the
+  // tensor cores from the operands prefetched with the codes (gains from sm, heads of P rows);
+  // else the gains and ring terms of direct_ring_pass.
+  template <int kW, bool kRing = false, typename YT>
   __device__ __forceinline__ void run(const uint2* c_frag, const DirectSmem& ds, YT* y, int W,
-                                      int64_t window_stride) {
+                                      int64_t window_stride, const StepSmem* sm = nullptr,
+                                      int P = 0) {
+    static_assert(!kRing || (kRingMma && kW > 1), "the ring term on the tensor cores: W > 1");
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warps = blockDim.x / 32;
     uint2 cf[kSteps * kPieces];  // C's fragment of every k-step (N / 16), one per lane
 #pragma unroll
     for (int s = 0; s < kSteps * kPieces; ++s) cf[s] = c_frag[s * 32 + lane];
     int row = 16 * (threadIdx.x / 32) + g;
+    int head = 0, in_head = row - g;  // kRing: the tile's head in the block, its first row there
+    if constexpr (kRing)
+      while (in_head >= P) in_head -= P, ++head;
     for (int t0 = 0; t0 < tiles; t0 += kAhead) {
 #pragma unroll
       for (int a = 0; a < kAhead; ++a) {
@@ -292,6 +379,32 @@ struct DirectReader {
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
             mma_f16_16816(d, f[s][0], f[s][1], f[s][2], f[s][3], cf[kSteps * pc + s]);
+        }
+        if constexpr (kRing) {
+          // ring_q = sum_k x_k[r] w_jk for rows (g, g + 8) x columns (2t, 2t + 1), as d.
+          const DirectRingX rx = ring_buf[a];
+          if (more) request_ring(ring_buf[a]);
+          uint32_t xa[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) xa[i] = movmatrix_trans(rx.x[i]);
+          float ring[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int part = 0; part < 3; ++part) {
+            const uint2 b = ds.ring_w[(head * 3 + part) * 32 + lane];
+            mma_bf16_16816(ring, xa, b.x, b.y);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int r = row + 8 * (q >> 1), j = 2 * t + (q & 1);
+            if (j < W) {
+              const float gain = sm->head_dec[head * kW + j] * sm->c_unscale[j] * rx.scale[q >> 1];
+              y[j * window_stride + r] = output_from_f32<YT>(gain * d[q] + ring[q]);
+            }
+          }
+          advance();
+          row += 16 * warps;
+          for (in_head += 16 * warps; in_head >= P; in_head -= P) ++head;
+          continue;
         }
         advance();
         if constexpr (kW == 1) {

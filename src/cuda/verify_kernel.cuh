@@ -159,12 +159,33 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     issue_unit<kMode, ActT>(p, sec, after, vs, cc, xc, stages + (u % kStages) * vs.bytes, b,
                             h0 + unit_head(u), unit_row0(u), m);
   };
-  // The direct readout's first pieces are loaded while the block forms its weights.
-  DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2> direct;
+  // The direct readout's first pieces are loaded while the block forms its weights; with the
+  // ring term on the tensor cores (direct_ring) also their x, that of the window's entries from the
+  // input (this block writes it to the ring only below).
+  constexpr bool kRingMmaCompiled = kDirect && kW > 1 && sizeof(ActT) == 2;
+  const bool direct_ring = kRingMmaCompiled && direct_ring_mma_ok(sizeof(ActT), p.act_f16, L, kW);
+  DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2, kRingMmaCompiled>
+      direct;
   if constexpr (kDirect) {
     direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec),
                 sec.read_block_scale, h0, P, p.heads_per_block);
-    direct.prefetch();
+    if constexpr (kRingMmaCompiled) {
+      if (direct_ring) {
+        // Entries g and 8 + g of this lane (m <= L <= 16), at the block's first row.
+        auto entry_x = [&](int k) -> const uint16_t* {
+          if (k >= m) return nullptr;
+          const ActT* rows =
+              k < c
+                  ? static_cast<const ActT*>(sec.ring_x) + int64_t(ring_index(after, k, L)) * H * P
+                  : static_cast<const ActT*>(p.x) + (int64_t(b) * W + (k - c)) * H * P;
+          return reinterpret_cast<const uint16_t*>(rows + int64_t(h0) * P);
+        };
+        const int g8 = threadIdx.x % 32 / 4;
+        direct.init_ring(entry_x(g8), entry_x(8 + g8),
+                         (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P);
+      }
+    }
+    direct.prefetch(direct_ring);
   } else {
     for (int u = 0; u < kStages - 1; ++u) {
       if (u < units)
@@ -343,11 +364,23 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   if constexpr (kDirect) {
     build_c_fragments<kMode, true>(sm, N, W);
     __syncthreads();  // head_w, head_dec, c_frag, c_unscale
-    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P, kW);
+    const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P, kW, direct_ring);
+    const int64_t y0 = (int64_t(b) * W * H + h0) * P, window_stride = int64_t(H) * P;
+    if constexpr (kRingMmaCompiled) {
+      if (direct_ring) {
+        direct_ring_weights<kW>(sm, ds, p.heads_per_block, L, m);
+        __syncthreads();  // ring_w
+        with_output_type(p.y, p.y_dtype, [&](auto* y) {
+          direct.template run<kW, true>(sm.c_frag, ds, y + y0, W, window_stride, &sm, P);
+        });
+        finish_verify<ActT, false>(p, b, slot, G * chunks);
+        return;
+      }
+    }
     direct_ring_pass<kMode, ActT, kW>(p, sm, ds, sec, after, h0, m);
     __syncthreads();  // gain, ring
     with_output_type(p.y, p.y_dtype, [&](auto* y) {
-      direct.template run<kW>(sm.c_frag, ds, y + (int64_t(b) * W * H + h0) * P, W, int64_t(H) * P);
+      direct.template run<kW>(sm.c_frag, ds, y + y0, W, window_stride);
     });
     finish_verify<ActT, false>(p, b, slot, G * chunks);
     return;

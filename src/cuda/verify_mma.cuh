@@ -109,6 +109,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&q)[4], uint32_t sme
                : "r"(smem_addr));
 }
 
+// The transpose of an 8 x 8 matrix of 16-bit values held one fragment per lane: lane l gives
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1, and gets column l / 4, rows 2 (l % 4) and
+// 2 (l % 4) + 1 (low half first). The whole warp takes part.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // Two fp32 values rounded to bf16 (round to nearest even), packed low-first; each value is left
 // holding what the rounding dropped (exact in fp32).
 __device__ __forceinline__ uint32_t bf16x2_split(float& lo, float& hi) {
