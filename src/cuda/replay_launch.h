@@ -53,11 +53,12 @@ inline bool verify_in_one_launch(const ReplayParams& p) {
 // instead of 6 (H200: batch 64 separate-fp8 61.1 -> 57.2 us). Larger grids run several waves,
 // where 6 blocks per SM did better (batch 256: 201.9 vs 205.5 us).
 // Where the shape allows it (verify_direct_ok: codes on the tensor cores, N = 128 or 256), every
-// chained step of W <= kDirectMaxWindow reads its checkpoints with VerifyVariant::chained_direct
-// instead (if its block's shared memory fits kDirectMaxSmem), one wave or
-// several (H200, spread phases, separate-fp8 / shared-fp8 against chained_wide: batch 64 60.0 ->
-// 59.1 / 54.9 -> 51.5 us, session 14; with the tile-by-tile walk of session 15, 49.4 / 41.2, and
-// at batch 256 against chained 198.7 -> 171.6 / 175.0 -> 147.0;
+// chained step of W <= kDirectMaxWindow, and of W = 5 to 8 where the ring term is on the tensor
+// cores and the blocks hold several heads (replay_launch.cuh), reads its checkpoints with
+// VerifyVariant::chained_direct instead (if its block's shared memory fits kDirectMaxSmem), one
+// wave or several (H200, spread phases, separate-fp8 / shared-fp8 against chained_wide: batch 64
+// 60.0 -> 59.1 / 54.9 -> 51.5 us, session 14; with the tile-by-tile walk of session 15, 49.4 /
+// 41.2, and at batch 256 against chained 198.7 -> 171.6 / 175.0 -> 147.0;
 // bench/results/2026-11-30-h200-session15.md).
 inline constexpr int kWideBlocksPerSm = 4;
 inline bool verify_wide(const ReplayParams& p, int sm_count) {

@@ -38,8 +38,9 @@ enum class VerifyVariant {
   chained_wide,    // the same for W = 1 on the tensor cores, where the grid is one wave at 4
                    // blocks per SM: registers for 4 blocks instead of 6
   one_launch,      // the whole step in this kernel (validation, fold): small batches
-  chained_direct,  // codes on the tensor cores, W <= kDirectMaxWindow: A fragments loaded from
-                   // global memory into registers (DirectReader), no staging (verify_direct_ok)
+  chained_direct,  // codes on the tensor cores, W <= kDirectMaxWindow (or up to 8 with the ring
+                   // term on the tensor cores): A fragments loaded from global memory into
+                   // registers (DirectReader), no staging (verify_direct_ok)
 };
 
 // Blocks per SM the register allocation of verify_kernel aims at, without spills (nvcc -Xptxas
