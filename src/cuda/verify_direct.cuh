@@ -1,4 +1,4 @@
-// The readout from registers (VerifyVariant::chained_direct), at windows up to kDirectMaxWindow.
+// The readout from registers (VerifyVariant::chained_direct; which steps take it: replay_launch.h).
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
