@@ -108,8 +108,9 @@ __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], b
   }
 }
 
-// verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1 or
-// kDirectMaxWindow): no stages, every head's weights and the rows' gains and ring terms instead.
+// verify_kernel's shared memory in VerifyVariant::chained_direct (windows: W rounded up to 1,
+// kDirectMaxWindow or 8): no stages, every head's weights and the rows' gains and ring terms
+// instead, or with ring_mma each head's B fragments of w (DirectSmem).
 inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows, bool ring_mma) {
   return StepSmem::bytes(L, N, windows, heads, true, true) +
          DirectSmem::bytes(heads, P, windows, ring_mma);
