@@ -135,10 +135,10 @@ class CudaBackend final : public CacheBackend {
                                                        has_bf16_readout(config.mode)) +
                                      cuda::verify_stages(windows) * verify_stage_bytes_);
     if (cuda::verify_direct_ok(config.mode, shape.headdim, N))
-      for (int windows : {1, cuda::kDirectMaxWindow, 8})  // 8: the ring term on the tensor cores
+      for (int windows : {1, cuda::kDirectMaxWindow, 8})
         smem_verify_ = std::max(
-            smem_verify_, std::min(cuda::verify_direct_smem(config.history, N, shape.headdim,
-                                                            group_heads, windows, windows == 8),
+            smem_verify_, std::min(cuda::verify_direct_smem_any(config.history, N, shape.headdim,
+                                                                group_heads, windows),
                                    cuda::kDirectMaxSmem));  // larger blocks keep the staged readout
     // verify_kernel: each of the N/8 lanes of a row owns history / (N/8) ring entries
     entries_per_lane_ = (config.history + N / 8 - 1) / (N / 8);

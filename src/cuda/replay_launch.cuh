@@ -193,10 +193,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
                     verify_smem(lc, L, N, 1, max_heads, kMode, false));
       auto load_direct = [&]<int kW>() {  // the largest block a launch may take (fits)
-        const bool ring_mma = direct_ring_mma_ok(int(sizeof(ActT)), false, L, kW);
         const size_t smem =
-            std::min(verify_direct_smem(L, N, P, max_heads, kW, ring_mma && kW > kDirectMaxWindow),
-                     kDirectMaxSmem);
+            std::min(verify_direct_smem_any(L, N, P, max_heads, kW), kDirectMaxSmem);
         if (N == 128)
           load_kernel(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 2>, smem);
         else

@@ -2,6 +2,8 @@
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda/replay_common.cuh"
 #include "cuda/verify_mma.cuh"
 #include "cuda/verify_staging.cuh"
@@ -122,6 +124,12 @@ inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows, bo
 inline constexpr size_t kDirectMaxSmem = 100 * 1024;
 inline bool verify_direct_fits(int L, int N, int P, int heads, int windows, bool ring_mma) {
   return verify_direct_smem(L, N, P, heads, windows, ring_mma) <= kDirectMaxSmem;
+}
+// The larger of the two forms' shared memory: what a kernel is prepared for, whichever form its
+// launches take.
+inline size_t verify_direct_smem_any(int L, int N, int P, int heads, int windows) {
+  return std::max(verify_direct_smem(L, N, P, heads, windows, false),
+                  verify_direct_smem(L, N, P, heads, windows, true));
 }
 
 // The ring terms and gains of the block's rows (heads h0.., heads_per_block * P rows) for the
