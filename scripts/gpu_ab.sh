@@ -15,6 +15,8 @@
 #   TARGETS        build targets (default: replayssm-cli test_cuda_backend; `all` builds everything
 #                  and then runs `ctest -L gpu` instead of test_cuda_backend)
 #   LIMIT_S        overall seconds (default 540): later steps are skipped, the results packed
+#   TEST_LIMIT_S   seconds for the tests (default 110 per tree: they run side by side on one GPU;
+#                  test_cuda_backend took about 100 s with two trees at once, over 150 s with three)
 # Each run writes bench-<configuration>-<round>-<tree>.json (and .err, whose `[bench]` lines are
 # the rows measured so far, kept even when the run's limit cuts it short).
 # Make a tree: `git worktree add .cuda-wt/NAME BRANCH` (.cuda-wt/ is excluded from git), and name
@@ -30,6 +32,7 @@ rounds=${ROUNDS:-2}
 bench_limit=${BENCH_LIMIT_S:-120}
 limit=${LIMIT_S:-540}
 targets=${TARGETS:-replayssm-cli test_cuda_backend}
+test_limit=${TEST_LIMIT_S:-$((110 * $#))}  # the trees' tests share the GPU
 jobs=$(($(nproc) / $#))
 ((jobs < 2)) && jobs=2
 name() { if [[ $1 == . ]]; then echo main; else basename "$1"; fi; }
@@ -58,11 +61,12 @@ for t in "$@"; do
   r="$work/$(name "$t")"
   (cd "$t" || exit
    if [[ $targets == all ]]; then
-     timeout 150 ctest --test-dir build -L gpu --output-on-failure -j4 > "$r/test.txt" 2>&1
+     timeout "$test_limit" ctest --test-dir build -L gpu --output-on-failure -j4 > "$r/test.txt" 2>&1
    else
-     timeout 150 ./build/tests/test_cuda_backend > "$r/test.txt" 2>&1
+     timeout "$test_limit" ./build/tests/test_cuda_backend > "$r/test.txt" 2>&1
    fi
-   echo "[$(name "$t")] tests exit $?: $(grep -hE 'tests passed|^\[  (PASSED|FAILED)' "$r/test.txt" | tr '\n' ' ')") &
+   rc=$?  # 124: cut short by TEST_LIMIT_S
+   echo "[$(name "$t")] tests exit $rc: $(grep -hE 'tests passed|^\[  (PASSED|FAILED)' "$r/test.txt" | tr '\n' ' ')") &
 done
 wait
 pack
