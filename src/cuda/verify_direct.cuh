@@ -261,6 +261,10 @@ struct DirectReader {
   static constexpr int kSteps = kFp4 ? 8 : 4;             // k-steps of 16 columns per piece
   static constexpr int kScaleBytes = kFp4 ? kN / 16 : 0;  // nvfp4 block scales per row
   static constexpr int kAhead = kDirectDepth / kPieces > 0 ? kDirectDepth / kPieces : 1;
+  // Tiles whose ring operands are in flight (kRingMma): at most 2, 6 registers each. The nvfp4
+  // walk at dstate 128 holds 4 tiles of codes; with as many of ring operands its kW = 4 and 8
+  // kernels spilled 308-552 bytes at 128 registers (sm_90a, -Xptxas -v), and were 8-12% slower.
+  static constexpr int kRingAhead = kAhead < 2 ? kAhead : 2;
   static_assert(kPieces >= 1, "a row of at least 64 code bytes");
   const uint8_t* next;         // the next tile to request: its row g, byte 16 t
   const uint8_t* next_scales;  // nvfp4: the same tile's row g, block 2 t
@@ -268,11 +272,10 @@ struct DirectReader {
   int tiles;                   // this warp's tiles
   DirectPiece buf[kAhead][kPieces];
   // kRingMma, after init_ring: entries g and 8 + g of this lane at its first tile's row 2t
-  // (nullptr past m), the row scales at its row g, and rows from there to the next tile to request.
+  // (nullptr past m), the row scales at its row g; tile i of the warp is rows 16 warps i on.
   const uint16_t* x_entry[2] = {nullptr, nullptr};
   const float* row_scale = nullptr;
-  int xrow = 0;
-  DirectRingX ring_buf[kRingMma ? kAhead : 1];
+  DirectRingX ring_buf[kRingMma ? kRingAhead : 1];
 
   // codes [H * P, kRowBytes], block_scales [H * P, kN / 16] (nvfp4; else unused)
   __device__ void init(const uint8_t* codes, const uint8_t* block_scales, int h0, int P,
@@ -301,19 +304,21 @@ struct DirectReader {
     x_entry[1] = x_hi ? x_hi + first + 2 * (lane % 4) : nullptr;
     row_scale = scales + first + lane / 4;
   }
-  __device__ __forceinline__ void request_ring(DirectRingX& q) const {
+  // The operands of this warp's tile i. The row offset is formed from i, not carried from tile to
+  // tile: with a running offset the nvfp4 kW = 4 and 8 kernels spilled 48-284 bytes (sm_90a).
+  __device__ __forceinline__ void request_ring(DirectRingX& q, int i) const {
+    const int rows = i * 16 * (blockDim.x / 32);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint16_t* e = x_entry[i >> 1];
-      q.x[i] = e ? *reinterpret_cast<const uint32_t*>(e + xrow + 8 * (i & 1)) : 0u;
+    for (int v = 0; v < 4; ++v) {
+      const uint16_t* e = x_entry[v >> 1];
+      q.x[v] = e ? *reinterpret_cast<const uint32_t*>(e + rows + 8 * (v & 1)) : 0u;
     }
-    q.scale[0] = row_scale[xrow];
-    q.scale[1] = row_scale[xrow + 8];
+    q.scale[0] = row_scale[rows];
+    q.scale[1] = row_scale[rows + 8];
   }
   __device__ __forceinline__ void advance() {
     next += stride;
     if constexpr (kFp4) next_scales += stride / kRowBytes * kScaleBytes;
-    if constexpr (kRingMma) xrow += int(stride / kRowBytes);
   }
   // ring: the ring term's operands too (after init_ring).
   __device__ __forceinline__ void prefetch(bool ring = false) {
@@ -323,7 +328,7 @@ struct DirectReader {
 #pragma unroll
         for (int pc = 0; pc < kPieces; ++pc) request(buf[a][pc], pc);
         if constexpr (kRingMma)
-          if (ring) request_ring(ring_buf[a]);
+          if (ring && a < kRingAhead) request_ring(ring_buf[a], a);
       }
       advance();
     }
@@ -391,8 +396,10 @@ struct DirectReader {
         }
         if constexpr (kRing) {
           // ring_q = sum_k x_k[r] w_jk for rows (g, g + 8) x columns (2t, 2t + 1), as d.
-          const DirectRingX rx = ring_buf[a];
-          if (more) request_ring(ring_buf[a]);
+          // Tile t0 + a's slot: t0 is a multiple of kAhead, and so of kRingAhead.
+          const DirectRingX rx = ring_buf[a % kRingAhead];
+          if (t0 + a + kRingAhead < tiles)
+            request_ring(ring_buf[a % kRingAhead], t0 + a + kRingAhead);
           uint32_t xa[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) xa[i] = movmatrix_trans(rx.x[i]);
