@@ -21,20 +21,26 @@ void check_shape(const TensorView& v, const char* name, std::initializer_list<in
 
 // 32 bytes of state per lane and row (8 fp32 or 16 16-bit values), 16 bytes when a 16-bit row is
 // no multiple of 16 values.
+// T > 1 with a 16-bit state: 2 rows per thread instead of 4, so that the registers of the rows'
+// 16 values each and of the next token's inputs leave room for more resident blocks (4 rows: 168
+// registers, 3 blocks per SM; the bf16 kernel moved its bytes at 68-71% of the copy bandwidth at
+// T = 4 and 77-80% at T = 8, H200 session 19).
 template <typename StateT, typename ActT>
 void launch(StandardDecodeParams p, cudaStream_t stream) {
-  constexpr int kRows = 4, kThreads = 128, kWide = 32 / sizeof(StateT);
+  constexpr int kThreads = 128, kWide = 32 / sizeof(StateT);
+  constexpr int kRowsOne = 4, kRowsMany = sizeof(StateT) == 2 ? 2 : 4;
   auto run = [&]<int kElems>() {
+    const int rows = p.tokens == 1 ? kRowsOne : kRowsMany;
     p.lanes_per_row = p.dstate / kElems;
-    p.rows_per_block = (kThreads / p.lanes_per_row) * kRows;
+    p.rows_per_block = (kThreads / p.lanes_per_row) * rows;
     p.blocks_per_head = (p.headdim + p.rows_per_block - 1) / p.rows_per_block;
     const int blocks = p.batch * p.nheads * p.blocks_per_head;
     if (blocks == 0) return;
     if (p.tokens == 1)
-      cuda::standard_decode_kernel<StateT, ActT, kElems, kRows, true>
+      cuda::standard_decode_kernel<StateT, ActT, kElems, kRowsOne, true>
           <<<blocks, kThreads, 0, stream>>>(p);
     else
-      cuda::standard_decode_kernel<StateT, ActT, kElems, kRows, false>
+      cuda::standard_decode_kernel<StateT, ActT, kElems, kRowsMany, false>
           <<<blocks, kThreads, 0, stream>>>(p);
     RSSM_CUDA_CHECK(cudaGetLastError());
   };
