@@ -22,9 +22,9 @@ void check_shape(const TensorView& v, const char* name, std::initializer_list<in
 // 32 bytes of state per lane and row (8 fp32 or 16 16-bit values), 16 bytes when a 16-bit row is
 // no multiple of 16 values.
 // T > 1 with a 16-bit state: 2 rows per thread instead of 4, so that the registers of the rows'
-// 16 values each and of the next token's inputs leave room for more resident blocks (4 rows: 168
-// registers, 3 blocks per SM; the bf16 kernel moved its bytes at 68-71% of the copy bandwidth at
-// T = 4 and 77-80% at T = 8, H200 session 19).
+// 16 values each and of the next token's inputs leave room for more resident blocks. bf16 state,
+// H200: 4 rows 168 registers, 3 blocks per SM, 68-69% of the copy bandwidth at T = 4 and 77-78% at
+// T = 8; 2 rows 96 registers, 5 blocks, 72-73% and 80-81% (session 20).
 template <typename StateT, typename ActT>
 void launch(StandardDecodeParams p, cudaStream_t stream) {
   constexpr int kThreads = 128, kWide = 32 / sizeof(StateT);
