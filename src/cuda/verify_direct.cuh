@@ -263,7 +263,8 @@ struct DirectReader {
   static constexpr int kAhead = kDirectDepth / kPieces > 0 ? kDirectDepth / kPieces : 1;
   // Tiles whose ring operands are in flight (kRingMma): at most 2, 6 registers each. The nvfp4
   // walk at dstate 128 holds 4 tiles of codes; with as many of ring operands its kW = 4 and 8
-  // kernels spilled 308-552 bytes at 128 registers (sm_90a, -Xptxas -v), and were 8-12% slower.
+  // kernels spilled 308-552 bytes at 128 registers (sm_90a, -Xptxas -v), and their steps took
+  // 5-14% longer (batch 64-256, H200 session 20).
   static constexpr int kRingAhead = kAhead < 2 ? kAhead : 2;
   static_assert(kPieces >= 1, "a row of at least 64 code bytes");
   const uint8_t* next;         // the next tile to request: its row g, byte 16 t
