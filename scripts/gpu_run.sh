@@ -5,8 +5,8 @@
 #   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls drift
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
-# bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW
-# (the kernels and window of the stalls step),
+# bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW /
+# STALLS_COUNT (the kernels, window and number of launches of the stalls step),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -72,11 +72,12 @@ fi
 if has stalls; then
   # Where the flush and verify kernels wait: warp-state (stall reasons), scheduler, occupancy and
   # memory sections of one launch each, W = 8 (PROFILE_ARGS: the bench options). STALLS_KERNELS
-  # (an ncu name regex) and STALLS_WINDOW pick other kernels, e.g. the standard kernel with 4
-  # intermediate states: STALLS_KERNELS=standard_decode_kernel STALLS_WINDOW=4.
+  # (an ncu name regex), STALLS_WINDOW and STALLS_COUNT (launches, 4) pick other kernels, e.g. the
+  # standard kernel with 4 intermediate states: STALLS_KERNELS=standard_decode_kernel
+  # STALLS_WINDOW=4 STALLS_COUNT=40 (the fp32 kernel's launches come first).
   step stalls 240 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
-    -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -c 4 \
+    -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -c "${STALLS_COUNT:-4}" \
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${STALLS_WINDOW:-8}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
 fi
