@@ -266,6 +266,8 @@ struct DirectReader {
   // kernels spilled 308-552 bytes at 128 registers (sm_90a, -Xptxas -v), and their steps took
   // 5-14% longer (batch 64-256, H200 session 20).
   static constexpr int kRingAhead = kAhead < 2 ? kAhead : 2;
+  static_assert(kAhead % kRingAhead == 0,
+                "run() finds a tile's ring slot from its place in kAhead");
   static_assert(kPieces >= 1, "a row of at least 64 code bytes");
   const uint8_t* next;         // the next tile to request: its row g, byte 16 t
   const uint8_t* next_scales;  // nvfp4: the same tile's row g, block 2 t
