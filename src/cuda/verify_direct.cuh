@@ -213,26 +213,16 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   }
 }
 
-// ring_mma: each head's w as the B operand of ring_term_mma's shape, lane (g, t) holding column
-// j = g at entries 2t, 2t + 1 (x) and 2t + 8, 2t + 9 (y), in three bf16 parts (hi + mid + lo
-// carry w's 24 significant bits, so each product with a bf16 x is exact); 0 past m and for
-// j >= W (head_w holds 0 there).
+// ring_mma: each head's w as the B operand of ring_term_mma's shape (RingWeightParts: three bf16
+// parts per lane; 0 past m and for j >= W, where head_w holds 0).
 template <int kW>
 __device__ __forceinline__ void direct_ring_weights(const StepSmem& sm, const DirectSmem& ds,
                                                     int heads, int L, int m) {
   for (int i = threadIdx.x; i < heads * 32; i += blockDim.x) {
-    const int hh = i / 32, lane = i % 32, g = lane / 4, t = lane % 4;
-    float v[4];
+    const int hh = i / 32, lane = i % 32;
+    RingWeightParts<kW> parts(sm.head_w + hh * kW * L, L, 0, m, lane);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int k = 2 * t + (q & 1) + 8 * (q >> 1);
-      v[q] = g < kW && k < m ? sm.head_w[(hh * kW + g) * L + k] : 0.f;
-    }
-#pragma unroll
-    for (int part = 0; part < 3; ++part) {
-      const uint32_t b0 = bf16x2_split(v[0], v[1]), b1 = bf16x2_split(v[2], v[3]);
-      ds.ring_w[(hh * 3 + part) * 32 + lane] = make_uint2(b0, b1);
-    }
+    for (int part = 0; part < 3; ++part) ds.ring_w[(hh * 3 + part) * 32 + lane] = parts.next();
   }
 }
 
@@ -412,6 +402,8 @@ struct DirectReader {
             const uint2 b = ds.ring_w[(head * 3 + part) * 32 + lane];
             mma_bf16_16816(ring, xa, b.x, b.y);
           }
+          // Its own store loop beside the one below: one loop for both forms, choosing gain and
+          // ring term per form, made separate-fp8's steps 2% slower (H200 session 20).
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int r = row + 8 * (q >> 1), j = 2 * t + (q & 1);

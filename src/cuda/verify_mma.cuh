@@ -127,6 +127,27 @@ __device__ __forceinline__ uint32_t bf16x2_split(float& lo, float& hi) {
   return uint32_t(__bfloat16_as_ushort(a)) | (uint32_t(__bfloat16_as_ushort(b)) << 16);
 }
 
+// Lane (g, t)'s B fragment of the ring weights w [kW, L] (row j: window column j) for the
+// m16n8k16 shape: column j = g at entries k0 + 2t, 2t + 1 (b0) and k0 + 2t + 8, 2t + 9 (b1), 0
+// past m and for g >= kW; split into three bf16 parts, which next() returns in turn (hi + mid +
+// lo carry an fp32 value's 24 significant bits, so each product with a bf16 x is exact).
+template <int kW>
+struct RingWeightParts {
+  float v[4];
+  __device__ __forceinline__ RingWeightParts(const float* w, int L, int k0, int m, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = k0 + 2 * t + (i & 1) + 8 * (i >> 1);
+      v[i] = g < kW && k < m ? w[g * L + k] : 0.f;
+    }
+  }
+  __device__ __forceinline__ uint2 next() {
+    const uint32_t b0 = bf16x2_split(v[0], v[1]);
+    return make_uint2(b0, bf16x2_split(v[2], v[3]));
+  }
+};
+
 // The ring term of a 16-row tile at W > 1 on the tensor cores, bf16 activations:
 //   d[r][j] += sum_{k < m} x_k[r0 + r] w_jk
 // A = the staged x (entry-major rows [k][p], read transposed by ldmatrix: exact in bf16); B = w
@@ -138,7 +159,7 @@ __device__ __forceinline__ uint32_t bf16x2_split(float& lo, float& hi) {
 template <int kW>
 __device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, int r0,
                                               const float* w, int L, int m, float (&d)[4]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane = threadIdx.x % 32;
   for (int k0 = 0; k0 < m; k0 += 16) {
     // ldmatrix.trans: lane l gives the address of entry k0 + (l & 7) (+ 8 for l >= 16), rows
     // r0 (+ 8 for l & 8): matrices (rows 0-7, entries 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
@@ -146,17 +167,11 @@ __device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, i
     ldmatrix_x4_trans(
         a, static_cast<uint32_t>(__cvta_generic_to_shared(
                xs + (k0 + (lane & 7) + ((lane & 16) >> 1)) * x_pitch + r0 + (lane & 8))));
-    // Column j = g of B holds w_jk at k = k0 + 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1).
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int k = k0 + 2 * t + (i & 1) + 4 * (i & 2);
-      v[i] = g < kW && k < m ? w[g * L + k] : 0.f;
-    }
+    RingWeightParts<kW> parts(w, L, k0, m, lane);
 #pragma unroll
     for (int part = 0; part < 3; ++part) {
-      const uint32_t b0 = bf16x2_split(v[0], v[1]), b1 = bf16x2_split(v[2], v[3]);
-      mma_bf16_16816(d, a, b0, b1);
+      const uint2 b = parts.next();
+      mma_bf16_16816(d, a, b.x, b.y);
     }
   }
 }
