@@ -361,7 +361,7 @@ INSTANTIATE_TEST_SUITE_P(
 // outputs get the sequence tolerance, and the codes written by the step's flushes are counted.
 template <typename WindowOf>
 void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps, WindowOf window_of,
-                             bool expect_mixed_w1, DType act = DType::bf16) {
+                             bool expect_mixed_w1, DType act = DType::bf16, int history = 16) {
   const size_t per_token = size_t(shape.nheads) * shape.headdim;
   std::mt19937_64 rng(4242 + int(mode));
   const LayerParams params = random_params(shape, rng);
@@ -370,6 +370,7 @@ void check_steps_against_cpu(const SsmShape& shape, int B, Mode mode, int steps,
   cfg.num_slots = B;
   cfg.seed = 7;
   cfg.activation_dtype = act;
+  cfg.history = history;
   ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
   ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
   std::vector<int32_t> slots(static_cast<size_t>(B));
@@ -502,6 +503,13 @@ TEST(CudaBackend, DirectReadoutMatchesCpu) {
     check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 10, speculative, false);
   check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
                           DType::f32);
+  // History 32: at dstate 128 the ring term on the tensor cores in two k-steps of 16 entries
+  // (blocks of four heads at W > 1 on a 132-SM H200); at dstate 256 the ring pass on the CUDA
+  // cores at W <= 4 and the staged readout at 5-8, as before.
+  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 16, speculative, false, DType::bf16, 32);
+    check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 24, speculative, false, DType::bf16, 32);
+  }
 }
 
 TEST(CudaBackend, ImportStateMatchesCpu) {

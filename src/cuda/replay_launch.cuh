@@ -107,7 +107,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
       auto ring_mma = [&](int windows) {
-        return direct_ring_mma_ok(int(sizeof(ActT)), p.act_f16, p.L, windows);
+        return direct_ring_mma_ok(int(sizeof(ActT)), p.act_f16, p.L, windows, kEntries);
       };
       auto run_direct = [&]<int kW>() {
         const size_t smem = verify_direct_smem(p.L, p.N, p.P, p.heads_per_block, kW, ring_mma(kW));
@@ -204,7 +204,7 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
         if (verify_direct_ok(kMode, P, N)) {
           load_direct.template operator()<1>();
           load_direct.template operator()<kDirectMaxWindow>();
-          if (direct_ring_mma_ok(int(sizeof(ActT)), false, L, 8))
+          if (direct_ring_mma_ok(int(sizeof(ActT)), false, L, 8, kEntries))
             load_direct.template operator()<8>();
         }
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,

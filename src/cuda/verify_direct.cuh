@@ -28,7 +28,8 @@ namespace replayssm::cuda {
 // At W > 1 the same MMAs fill the window's columns (n = 8 of the m16n8k16 shape: at W = 1 seven
 // of them are zeros), and the ring term of every (row, window) pair is formed before the walk
 // like W = 1's, from every head's weights formed at once (StepSmem all_heads). With bf16
-// activations and history <= 16 (direct_ring_mma_ok) the ring term of W > 1 is formed on the
+// activations and history <= 16, or 32 at dstate 128 (direct_ring_mma_ok) the ring term of W > 1
+// is formed on the
 // tensor cores inside the walk instead, tile by tile (DirectReader<..., true>): the A operand is
 // the tile's x of 16 rows x 16 entries, loaded from global memory with the codes (4 bytes of two
 // rows of one entry per lane, transposed by movmatrix), the B operand the head's w split in three
@@ -55,10 +56,15 @@ __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
 
 // The ring term of W > 1 on the tensor cores in the direct walk: 16-bit activations that are
 // bf16 (the A operand's type; fp16 x would need fp16 parts of w, whose range is too short) and at
-// most 16 ring entries (one k-step of the m16n8k16 shape). windows: W rounded up (kW).
+// most 16 ring entries per k-step of the m16n8k16 shape that the kernel holds operands for
+// (entries_per_lane k-steps: verify_kernel's kEntries, 2 only for history 32 at dstate 128).
+// windows: W rounded up (kW).
+// The k-steps of 16 ring entries the ring term takes at history L (shared memory is sized by it).
+__host__ __device__ constexpr int direct_ring_steps(int L) { return L > 16 ? 2 : 1; }
 __host__ __device__ constexpr bool direct_ring_mma_ok(int act_bytes, bool act_f16, int L,
-                                                      int windows) {
-  return windows > 1 && act_bytes == 2 && !act_f16 && L <= 16;
+                                                      int windows, int entries_per_lane) {
+  return windows > 1 && act_bytes == 2 && !act_f16 && L <= 16 * entries_per_lane &&
+         direct_ring_steps(L) == entries_per_lane;
 }
 
 struct DirectPiece {
@@ -72,11 +78,12 @@ struct DirectPiece {
 // so that y_j[r] = gain[r][j] * (codes_r . C_j) + ring[r][j]; or, with the ring term on the
 // tensor cores (ring_mma), each head's B fragments of w instead (the gains are formed per tile).
 struct DirectSmem {
-  float* gain;    // [heads_per_block * P, windows]
-  float* ring;    // [heads_per_block * P, windows]
-  uint2* ring_w;  // ring_mma: [heads_per_block, 3 parts, 32 lanes] (direct_ring_weights)
-  __host__ __device__ static size_t bytes(int heads, int P, int windows, bool ring_mma) {
-    return ring_mma ? size_t(heads) * 3 * 32 * sizeof(uint2)
+  float* gain;  // [heads_per_block * P, windows]
+  float* ring;  // [heads_per_block * P, windows]
+  // ring_mma: [heads_per_block, direct_ring_steps(L), 3 parts, 32 lanes] (direct_ring_weights)
+  uint2* ring_w;
+  __host__ __device__ static size_t bytes(int heads, int P, int windows, bool ring_mma, int L) {
+    return ring_mma ? size_t(heads) * direct_ring_steps(L) * 3 * 32 * sizeof(uint2)
                     : 2 * size_t(heads) * P * windows * sizeof(float);
   }
   __device__ static DirectSmem carve(uint8_t* base, int heads, int P, int windows, bool ring_mma) {
@@ -115,7 +122,7 @@ __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], b
 // instead, or with ring_mma each head's B fragments of w (DirectSmem).
 inline size_t verify_direct_smem(int L, int N, int P, int heads, int windows, bool ring_mma) {
   return StepSmem::bytes(L, N, windows, heads, true, true) +
-         DirectSmem::bytes(heads, P, windows, ring_mma);
+         DirectSmem::bytes(heads, P, windows, ring_mma, L);
 }
 // The most shared memory a direct readout block takes: its gains and ring terms grow with the
 // window (2 W floats per row), so a block of many long heads would need more than it should take
@@ -213,24 +220,27 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   }
 }
 
-// ring_mma: each head's w as the B operand of ring_term_mma's shape (RingWeightParts: three bf16
-// parts per lane; 0 past m and for j >= W, where head_w holds 0).
-template <int kW>
+// ring_mma: each head's w as the B operand of ring_term_mma's shape, k-step s of 16 entries
+// (RingWeightParts at entries 16 s..: three bf16 parts per lane; 0 past m and for j >= W, where
+// head_w holds 0), at ring_w[head, s, part, lane].
+template <int kW, int kSteps>
 __device__ __forceinline__ void direct_ring_weights(const StepSmem& sm, const DirectSmem& ds,
                                                     int heads, int L, int m) {
-  for (int i = threadIdx.x; i < heads * 32; i += blockDim.x) {
-    const int hh = i / 32, lane = i % 32;
-    RingWeightParts<kW> parts(sm.head_w + hh * kW * L, L, 0, m, lane);
+  for (int i = threadIdx.x; i < heads * kSteps * 32; i += blockDim.x) {
+    const int hs = i / 32, hh = hs / kSteps, k0 = 16 * (hs % kSteps), lane = i % 32;
+    RingWeightParts<kW> parts(sm.head_w + hh * kW * L, L, k0, m, lane);
 #pragma unroll
-    for (int part = 0; part < 3; ++part) ds.ring_w[(hh * 3 + part) * 32 + lane] = parts.next();
+    for (int part = 0; part < 3; ++part) ds.ring_w[(hs * 3 + part) * 32 + lane] = parts.next();
   }
 }
 
-// ring_mma: what a tile's ring term and gains need beside its codes, loaded with them. x[i] is
-// 4 bytes of entry k0 + g (i < 2) or k0 + 8 + g, rows 2t, 2t + 1 (+ 8 for odd i) of the tile: a
-// fragment of the 8 x 8 matrix [entry][row], which movmatrix transposes into the A fragment.
+// ring_mma: what a tile's ring term and gains need beside its codes, loaded with them. x[4 s + i]
+// is 4 bytes of entry 16 s + g (i < 2) or 16 s + 8 + g, rows 2t, 2t + 1 (+ 8 for odd i) of the
+// tile: a fragment of the 8 x 8 matrix [entry][row], which movmatrix transposes into the A
+// fragment of k-step s.
+template <int kSteps>
 struct DirectRingX {
-  uint32_t x[4];
+  uint32_t x[4 * kSteps];
   float scale[2];  // the row scales of rows g and g + 8
 };
 
@@ -241,8 +251,9 @@ struct DirectRingX {
 // piece's buffer is reloaded as soon as its codes are converted, so that no register moves
 // between buffers and no address is recomputed per piece. nvfp4: lane t's 32 codes of a row
 // piece are 2 blocks of 16 (2t, 2t + 1 of the piece's 8), whose e4m3 scales come with the piece.
-// kRingMma: the walk can also form the ring term on the tensor cores (init_ring, run<kW, true>).
-template <Mode kMode, int kBlocks, bool kRingMma = false>
+// kRingMma: the walk can also form the ring term on the tensor cores (init_ring, run<kW, true>),
+// over kRingSteps k-steps of 16 ring entries.
+template <Mode kMode, int kBlocks, bool kRingMma = false, int kRingSteps = 1>
 struct DirectReader {
   static constexpr bool kFp4 = kMode == Mode::separate_nvfp4;
   static constexpr int kN = 64 * kBlocks;                 // dstate
@@ -255,7 +266,8 @@ struct DirectReader {
   // walk at dstate 128 holds 4 tiles of codes; with as many of ring operands its kW = 4 and 8
   // kernels spilled 308-552 bytes at 128 registers (sm_90a, -Xptxas -v), and their steps took
   // 5-14% longer (batch 64-256, H200 session 20).
-  static constexpr int kRingAhead = kAhead < 2 ? kAhead : 2;
+  // With two k-steps a tile's operands take 10 registers, and one tile of them is in flight.
+  static constexpr int kRingAhead = kRingSteps > 1 ? 1 : kAhead < 2 ? kAhead : 2;
   static_assert(kAhead % kRingAhead == 0,
                 "run() finds a tile's ring slot from its place in kAhead");
   static_assert(kPieces >= 1, "a row of at least 64 code bytes");
@@ -264,11 +276,12 @@ struct DirectReader {
   int64_t stride;              // code bytes from one of this warp's tiles to its next
   int tiles;                   // this warp's tiles
   DirectPiece buf[kAhead][kPieces];
-  // kRingMma, after init_ring: entries g and 8 + g of this lane at its first tile's row 2t
-  // (nullptr past m), the row scales at its row g; tile i of the warp is rows 16 warps i on.
-  const uint16_t* x_entry[2] = {nullptr, nullptr};
+  // kRingMma, after init_ring: entries 16 s + g and 16 s + 8 + g of this lane (x_entry[2 s],
+  // x_entry[2 s + 1]) at its first tile's row 2t (nullptr past m), the row scales at its row g;
+  // tile i of the warp is rows 16 warps i on.
+  const uint16_t* x_entry[2 * kRingSteps] = {};
   const float* row_scale = nullptr;
-  DirectRingX ring_buf[kRingMma ? kRingAhead : 1];
+  DirectRingX<kRingSteps> ring_buf[kRingMma ? kRingAhead : 1];
 
   // codes [H * P, kRowBytes], block_scales [H * P, kN / 16] (nvfp4; else unused)
   __device__ void init(const uint8_t* codes, const uint8_t* block_scales, int h0, int P,
@@ -289,20 +302,21 @@ struct DirectReader {
       q.scales_hi = *reinterpret_cast<const uint16_t*>(next_scales + 8 * pc + 8 * kScaleBytes);
     }
   }
-  // The ring term's operands (kRingMma): x_lo / x_hi the rows of entries g and 8 + g of the
-  // block's first row (nullptr: 0), scales the block's row scales.
-  __device__ void init_ring(const uint16_t* x_lo, const uint16_t* x_hi, const float* scales) {
+  // The ring term's operands (kRingMma): x[2 s], x[2 s + 1] the rows of entries 16 s + g and
+  // 16 s + 8 + g at the block's first row (nullptr: 0), scales the block's row scales.
+  __device__ void init_ring(const uint16_t* const (&x)[2 * kRingSteps], const float* scales) {
     const int lane = threadIdx.x % 32, first = 16 * (threadIdx.x / 32);
-    x_entry[0] = x_lo ? x_lo + first + 2 * (lane % 4) : nullptr;
-    x_entry[1] = x_hi ? x_hi + first + 2 * (lane % 4) : nullptr;
+#pragma unroll
+    for (int e = 0; e < 2 * kRingSteps; ++e)
+      x_entry[e] = x[e] ? x[e] + first + 2 * (lane % 4) : nullptr;
     row_scale = scales + first + lane / 4;
   }
   // The operands of this warp's tile i. The row offset is formed from i, not carried from tile to
   // tile: with a running offset the nvfp4 kW = 4 and 8 kernels spilled 48-284 bytes (sm_90a).
-  __device__ __forceinline__ void request_ring(DirectRingX& q, int i) const {
+  __device__ __forceinline__ void request_ring(DirectRingX<kRingSteps>& q, int i) const {
     const int rows = i * 16 * (blockDim.x / 32);
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < 4 * kRingSteps; ++v) {
       const uint16_t* e = x_entry[v >> 1];
       q.x[v] = e ? *reinterpret_cast<const uint32_t*>(e + rows + 8 * (v & 1)) : 0u;
     }
@@ -390,17 +404,20 @@ struct DirectReader {
         if constexpr (kRing) {
           // ring_q = sum_k x_k[r] w_jk for rows (g, g + 8) x columns (2t, 2t + 1), as d.
           // Tile t0 + a's slot: t0 is a multiple of kAhead, and so of kRingAhead.
-          const DirectRingX rx = ring_buf[a % kRingAhead];
+          const DirectRingX<kRingSteps> rx = ring_buf[a % kRingAhead];
           if (t0 + a + kRingAhead < tiles)
             request_ring(ring_buf[a % kRingAhead], t0 + a + kRingAhead);
-          uint32_t xa[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) xa[i] = movmatrix_trans(rx.x[i]);
           float ring[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-          for (int part = 0; part < 3; ++part) {
-            const uint2 b = ds.ring_w[(head * 3 + part) * 32 + lane];
-            mma_bf16_16816(ring, xa, b.x, b.y);
+          for (int s = 0; s < kRingSteps; ++s) {
+            uint32_t xa[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xa[i] = movmatrix_trans(rx.x[4 * s + i]);
+#pragma unroll
+            for (int part = 0; part < 3; ++part) {
+              const uint2 b = ds.ring_w[((head * kRingSteps + s) * 3 + part) * 32 + lane];
+              mma_bf16_16816(ring, xa, b.x, b.y);
+            }
           }
           // Its own store loop beside the one below: one loop for both forms, choosing gain and
           // ring term per form, made separate-fp8's steps 2% slower (H200 session 20).

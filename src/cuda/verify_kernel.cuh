@@ -163,16 +163,22 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // The direct readout's first pieces are loaded while the block forms its weights; with the
   // ring term on the tensor cores (direct_ring) also their x, that of the window's entries from the
   // input (this block writes it to the ring only below).
-  constexpr bool kRingMmaCompiled = kDirect && kW > 1 && sizeof(ActT) == 2;
-  const bool direct_ring = kRingMmaCompiled && direct_ring_mma_ok(sizeof(ActT), p.act_f16, L, kW);
-  DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2, kRingMmaCompiled>
+  // Its k-steps of 16 entries: kEntries (2 only for history 32 at dstate 128, direct_ring_mma_ok;
+  // kEntries = 2 at dstate 256 is history 64, which never takes it).
+  constexpr bool kRingMmaCompiled =
+      kDirect && kW > 1 && sizeof(ActT) == 2 && (kEntries == 1 || kDirectBlocks == 2);
+  const bool direct_ring =
+      kRingMmaCompiled && direct_ring_mma_ok(sizeof(ActT), p.act_f16, L, kW, kEntries);
+  DirectReader<kDirect ? kMode : Mode::shared_fp8, kDirect ? kDirectBlocks : 2, kRingMmaCompiled,
+               kRingMmaCompiled ? kEntries : 1>
       direct;
   if constexpr (kDirect) {
     direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec),
                 sec.read_block_scale, h0, P, p.heads_per_block);
     if constexpr (kRingMmaCompiled) {
       if (direct_ring) {
-        // Entries g and 8 + g of this lane (m <= L <= 16), at the block's first row.
+        // Entries 16 s + g and 16 s + 8 + g of this lane (m <= L <= 16 kEntries), at the block's
+        // first row.
         auto entry_x = [&](int k) -> const uint16_t* {
           if (k >= m) return nullptr;
           const ActT* rows =
@@ -182,7 +188,10 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
           return reinterpret_cast<const uint16_t*>(rows + int64_t(h0) * P);
         };
         const int g8 = threadIdx.x % 32 / 4;
-        direct.init_ring(entry_x(g8), entry_x(8 + g8),
+        const uint16_t* x[2 * kEntries];
+#pragma unroll
+        for (int e = 0; e < 2 * kEntries; ++e) x[e] = entry_x(8 * e + g8);
+        direct.init_ring(x,
                          (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P);
       }
     }
@@ -369,7 +378,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     const int64_t y0 = (int64_t(b) * W * H + h0) * P, window_stride = int64_t(H) * P;
     if constexpr (kRingMmaCompiled) {
       if (direct_ring) {
-        direct_ring_weights<kW>(sm, ds, p.heads_per_block, L, m);
+        direct_ring_weights<kW, kEntries>(sm, ds, p.heads_per_block, L, m);
         __syncthreads();  // ring_w
         with_output_type(p.y, p.y_dtype, [&](auto* y) {
           direct.template run<kW, true>(sm.c_frag, ds, y + y0, W, window_stride, &sm, P);
