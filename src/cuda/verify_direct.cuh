@@ -28,18 +28,18 @@ namespace replayssm::cuda {
 // At W > 1 the same MMAs fill the window's columns (n = 8 of the m16n8k16 shape: at W = 1 seven
 // of them are zeros), and the ring term of every (row, window) pair is formed before the walk
 // like W = 1's, from every head's weights formed at once (StepSmem all_heads). With bf16
-// activations and history <= 16, or 32 at dstate 128 (direct_ring_mma_ok) the ring term of W > 1
-// is formed on the
-// tensor cores inside the walk instead, tile by tile (DirectReader<..., true>): the A operand is
-// the tile's x of 16 rows x 16 entries, loaded from global memory with the codes (4 bytes of two
-// rows of one entry per lane, transposed by movmatrix), the B operand the head's w split in three
-// bf16 parts (direct_ring_weights), the gains formed per tile; then windows 5 to 8 take the
-// direct readout too. The ring terms summed by the CUDA cores, 8 per row at W = 8, cost more than
-// the staged readout's tensor-core ring term saves (H200 session 16, batch 64 W = 8 shared-fp8 /
-// separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1 direct; at W = 4 110.6 / 130.4 staged,
-// 102.4 / 122.8 direct), so fp16 activations keep those windows staged. separate-nvfp4 reads its
-// 64-byte pieces as 128 columns (8 k-steps) with the lane's two block scales (DirectPiece), which
-// its decoder multiplies into the codes (e2m1 times e4m3, exact in fp16): batch 64 W = 1 80.8
+// activations and history <= 16, or 32 at dstate 128 (direct_ring_mma_ok), the ring term of
+// W > 1 is formed on the tensor cores inside the walk instead, tile by tile (DirectReader<...,
+// true>): the A operand is the tile's x of 16 rows x 16 entries per k-step, loaded from global
+// memory with the codes (4 bytes of two rows of one entry per lane, transposed by movmatrix), the
+// B operand the head's w split in three bf16 parts (direct_ring_weights), the gains formed per
+// tile; then windows 5 to 8 take the direct readout too. The ring terms summed by the CUDA cores, 8
+// per row at W = 8, cost more than the staged readout's tensor-core ring term saves (H200 session
+// 16, batch 64 W = 8 shared-fp8 / separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1 direct; at W
+// = 4 110.6 / 130.4 staged, 102.4 / 122.8 direct), so fp16 activations keep those windows staged.
+// separate-nvfp4 reads its 64-byte pieces as 128 columns (8 k-steps) with the lane's two block
+// scales (DirectPiece), which its decoder multiplies into the codes (e2m1 times e4m3, exact in
+// fp16): batch 64 W = 1 80.8
 // -> 63.2 us against the staged readout.
 inline constexpr int kDirectMaxWindow = 4;  // with the ring term on the CUDA cores
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
