@@ -2,11 +2,12 @@
 # Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
-#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls drift
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls kernels drift
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW /
-# STALLS_COUNT (the kernels, window and number of launches of the stalls step),
+# STALLS_COUNT (the kernels, window and number of launches of the stalls step), KERNELS_WINDOW /
+# KERNELS_COUNT (the window and number of launches of the kernels step),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -80,6 +81,17 @@ if has stalls; then
     -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -c "${STALLS_COUNT:-4}" \
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${STALLS_WINDOW:-8}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
+fi
+if has kernels; then
+  # Each kernel of a replay step alone (ncu serialises them), summed per step and grouped by the
+  # step's verify kernel (scripts/ncu_step_times.py): which kernel a step's time is in. Window
+  # KERNELS_WINDOW (8); PROFILE_ARGS the other bench options, e.g. '--modes separate-fp8
+  # --batches 64 --history 32'.
+  step kernels 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    -k regex:'verify|flush|validate|commit' -c "${KERNELS_COUNT:-160}" \
+    $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${KERNELS_WINDOW:-8}" \
+    ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
+  python3 scripts/ncu_step_times.py "$out/kernels.txt" | tee "$out/kernels-summary.txt"
 fi
 if has drift; then
   step drift 150 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
