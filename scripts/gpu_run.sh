@@ -2,12 +2,15 @@
 # Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
-#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls kernels drift
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls kernels phases
+#                                    drift
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW /
 # STALLS_COUNT (the kernels, window and number of launches of the stalls step), KERNELS_WINDOW /
 # KERNELS_COUNT (the window and number of launches of the kernels step),
+# DIAG_PATCH (a diagnostic patch of bench/diagnostics applied before the build, e.g.
+# bench/diagnostics/direct-phase-clock.patch: never on a tree whose numbers are reported),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -31,6 +34,14 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | 
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
 bin=./build/bin/replayssm
 
+if [[ -n ${DIAG_PATCH:-} ]]; then
+  # git apply where the tree is a checkout, patch(1) where it is a plain copy.
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    step diag-patch 30 git apply "$DIAG_PATCH" || exit 1
+  else
+    step diag-patch 30 patch -p1 --forward -i "$DIAG_PATCH" || exit 1
+  fi
+fi
 if has build; then
   step configure 120 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DCMAKE_BUILD_TYPE=Release || exit 1
@@ -92,6 +103,19 @@ if has kernels; then
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${KERNELS_WINDOW:-8}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
   python3 scripts/ncu_step_times.py "$out/kernels.txt" | tee "$out/kernels-summary.txt"
+fi
+if has phases; then
+  # The PHASE / DPHASE lines a diagnostic build (DIAG_PATCH) prints, for each configuration of
+  # BENCH_ARGS (several separated by ';'), e.g. '--windows 8 --history 16;--windows 8 --history 32'
+  # beside the default mode and batch below.
+  IFS=';' read -r -a phase_configs <<< "${BENCH_ARGS:---windows 8 --history 16;--windows 8 --history 32}"
+  for i in "${!phase_configs[@]}"; do
+    # shellcheck disable=SC2086  # the configuration's options split on spaces
+    step "phases-$i" 150 $bin bench --backend cuda --batches 64 --modes separate-fp8 --repeats 1 \
+      ${phase_configs[i]}
+    echo "== ${phase_configs[i]}"
+    grep -h "PHASE" "$out/phases-$i.txt" | tail -6
+  done
 fi
 if has drift; then
   step drift 150 $bin drift --backend cuda ${DRIFT_ARGS:-} --out "$out/drift"
