@@ -8,7 +8,8 @@
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW /
 # STALLS_COUNT (the kernels, window and number of launches of the stalls step), KERNELS_WINDOW /
-# KERNELS_COUNT (the window and number of launches of the kernels step),
+# KERNELS_COUNT (the window and number of launches of the kernels step), PHASE_ARGS (the phases
+# step's configurations, ';'-separated),
 # DIAG_PATCH (a diagnostic patch of bench/diagnostics applied before the build, e.g.
 # bench/diagnostics/direct-phase-clock.patch: never on a tree whose numbers are reported),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
@@ -106,9 +107,9 @@ if has kernels; then
 fi
 if has phases; then
   # The PHASE / DPHASE lines a diagnostic build (DIAG_PATCH) prints, for each configuration of
-  # BENCH_ARGS (several separated by ';'), e.g. '--windows 8 --history 16;--windows 8 --history 32'
+  # PHASE_ARGS (several separated by ';'), e.g. '--windows 8 --history 16;--windows 8 --history 32'
   # beside the default mode and batch below.
-  IFS=';' read -r -a phase_configs <<< "${BENCH_ARGS:---windows 8 --history 16;--windows 8 --history 32}"
+  IFS=';' read -r -a phase_configs <<< "${PHASE_ARGS:---windows 8 --history 16;--windows 8 --history 32}"
   for i in "${!phase_configs[@]}"; do
     # shellcheck disable=SC2086  # the configuration's options split on spaces
     step "phases-$i" 150 $bin bench --backend cuda --batches 64 --modes separate-fp8 --repeats 1 \

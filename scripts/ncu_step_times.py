@@ -38,11 +38,11 @@ def read_rows(path):
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         sys.exit(f"ncu_step_times: no CSV header in {path} (run ncu with --csv)")
+    scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}  # to us
     rows = []
     for r in csv.DictReader(lines[start:]):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
         unit = r["Metric Unit"]
         if unit not in scale:
             sys.exit(f"ncu_step_times: unknown unit {unit!r} in {path}")

@@ -33,14 +33,13 @@ namespace replayssm::cuda {
 // true>): the A operand is the tile's x of 16 rows x 16 entries per k-step, loaded from global
 // memory with the codes (4 bytes of two rows of one entry per lane, transposed by movmatrix), the
 // B operand the head's w split in three bf16 parts (direct_ring_weights), the gains formed per
-// tile; then windows 5 to 8 take the direct readout too. The ring terms summed by the CUDA cores, 8
-// per row at W = 8, cost more than the staged readout's tensor-core ring term saves (H200 session
-// 16, batch 64 W = 8 shared-fp8 / separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1 direct; at W
-// = 4 110.6 / 130.4 staged, 102.4 / 122.8 direct), so fp16 activations keep those windows staged.
-// separate-nvfp4 reads its 64-byte pieces as 128 columns (8 k-steps) with the lane's two block
-// scales (DirectPiece), which its decoder multiplies into the codes (e2m1 times e4m3, exact in
-// fp16): batch 64 W = 1 80.8
-// -> 63.2 us against the staged readout.
+// tile; then windows 5 to 8 take the direct readout too. The ring terms summed by the CUDA cores,
+// 8 per row at W = 8, cost more than the staged readout's tensor-core ring term saves (H200
+// session 16, batch 64 W = 8 shared-fp8 / separate-fp8: 145.8 / 178.5 us staged, 181.1 / 214.1
+// direct; at W = 4 110.6 / 130.4 staged, 102.4 / 122.8 direct), so fp16 activations keep those
+// windows staged. separate-nvfp4 reads its 64-byte pieces as 128 columns (8 k-steps) with the
+// lane's two block scales (DirectPiece), which its decoder multiplies into the codes (e2m1 times
+// e4m3, exact in fp16): batch 64 W = 1 80.8 -> 63.2 us against the staged readout.
 inline constexpr int kDirectMaxWindow = 4;  // with the ring term on the CUDA cores
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
 inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
@@ -59,7 +58,8 @@ __host__ __device__ constexpr bool verify_direct_ok(Mode mode, int P, int N) {
 // most 16 ring entries per k-step of the m16n8k16 shape that the kernel holds operands for
 // (entries_per_lane k-steps: verify_kernel's kEntries, 2 only for history 32 at dstate 128).
 // windows: W rounded up (kW).
-// The k-steps of 16 ring entries the ring term takes at history L (shared memory is sized by it).
+// The k-steps of 16 ring entries the ring term takes at the histories it serves (L <= 32; shared
+// memory is sized by it).
 __host__ __device__ constexpr int direct_ring_steps(int L) { return L > 16 ? 2 : 1; }
 __host__ __device__ constexpr bool direct_ring_mma_ok(int act_bytes, bool act_f16, int L,
                                                       int windows, int entries_per_lane) {
