@@ -205,25 +205,39 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
 
-  // W = 1: the window's x and every head's deltas are loaded before the staging of B and C, so
-  // that their round trips overlap its (phase clocks of a batch-1 step, session 18: the staging
-  // took 4500 cycles, its loops one round trip after another). Two of each per thread are held
-  // in registers (at W = 1 every preset has at most 128 x vectors and 256 (head, entry) pairs per
-  // block); the stores after the staging take any rest from memory.
+  // W = 1 and the direct readout: the window's x and every head's deltas are loaded before the
+  // staging of B and C, so that their round trips overlap its (phase clocks, H200: a batch-1 step,
+  // session 18, the staging took 4500 cycles, its loops one round trip after another; the direct
+  // verify at W = 8 batch 64, session 22, 11700 of 48000 cycles). kXAhead x vectors and two
+  // (head, entry) deltas per thread are held in registers (at W = 1 every preset has at most 128
+  // x vectors and 256 pairs per block); the stores after the staging take any rest from memory.
+  constexpr bool kAhead = kW == 1 || kDirect;
+  constexpr int kXAhead = kW == 1 ? 2 : 4;
   constexpr int kVec = 16 / sizeof(ActT);  // elements per 16-byte vector
   const int log2_L = __ffs(L) - 1;
-  const int x_vectors = p.heads_per_block * P / kVec, delta_pairs = p.heads_per_block * L;
-  // The block's heads are one contiguous run of x in the input and in the ring (W = 1).
-  const uint4* x_src =
-      reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + (int64_t(b) * H + h0) * P);
-  uint4 x_ahead[2];
-  float delta_ahead_w1[2];
-  if constexpr (kW == 1) {
+  // The block's heads are one contiguous run of x per token, in the input and in the ring: vector
+  // u of the window is vector u % x_vectors of token u / x_vectors.
+  const int x_vectors = p.heads_per_block * P / kVec, window_vectors = x_vectors * W;
+  const int delta_pairs = p.heads_per_block * L;
+  auto window_x = [&](int u, bool ring) -> uint4* {
+    const int j = kW == 1 ? 0 : u / x_vectors;
+    ActT* row =
+        ring ? static_cast<ActT*>(sec.ring_x) + int64_t(ring_index(after, c + j, L)) * H * P
+             : const_cast<ActT*>(static_cast<const ActT*>(p.x)) + (int64_t(b) * W + j) * H * P;
+    return reinterpret_cast<uint4*>(row + int64_t(h0) * P) + (u - j * x_vectors);
+  };
+  uint4 x_ahead[kXAhead];
+  float head_delta_ahead[2];
+  if constexpr (kAhead) {
+#pragma unroll
+    for (int q = 0; q < kXAhead; ++q) {
+      const int u = threadIdx.x + q * blockDim.x;
+      if (u < window_vectors) x_ahead[q] = *window_x(u, false);
+    }
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int t = threadIdx.x + q * blockDim.x, hh = t >> log2_L, k = t & (L - 1);
-      if (t < x_vectors) x_ahead[q] = x_src[t];
-      delta_ahead_w1[q] =
+      head_delta_ahead[q] =
           t < delta_pairs && k < m ? entry_delta(p, sec, after, b, h0 + hh, k) : 0.f;
     }
   }
@@ -241,17 +255,15 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // The window's ring x and delta for this block's heads (raw copies: the ring holds the
   // activation dtype). Logical positions c.. are read by no block of this step.
   {
-    if constexpr (kW == 1) {
-      // The x loaded ahead; the window's delta goes to the ring with the heads' deltas below.
-      const int phys = ring_index(after, c, L);
-      uint4* dst =
-          reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h0) * P);
+    if constexpr (kAhead) {
+      // The x loaded ahead; the window's deltas go to the ring with the heads' deltas below.
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int i = threadIdx.x + q * blockDim.x;
-        if (i < x_vectors) dst[i] = x_ahead[q];
+      for (int q = 0; q < kXAhead; ++q) {
+        const int u = threadIdx.x + q * blockDim.x;
+        if (u < window_vectors) *window_x(u, true) = x_ahead[q];
       }
-      for (int i = threadIdx.x + 2 * blockDim.x; i < x_vectors; i += blockDim.x) dst[i] = x_src[i];
+      for (int u = threadIdx.x + kXAhead * blockDim.x; u < window_vectors; u += blockDim.x)
+        *window_x(u, true) = *window_x(u, false);
     } else {
       // One flat loop over (head, token, vector): a loop per token serialised the tokens' loads
       // and stores (H200, W = 8 batch 64 separate-fp8: 196.8 -> 206.8 us).
@@ -274,33 +286,36 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     // After a fold in this kernel, by the entry's last block (finish_verify).
     if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
-  if constexpr (kW == 1) {
+  if constexpr (kAhead) {
     // The deltas of every head of the block, loaded ahead of the staging (the window's come from
     // dt, not from the ring positions written here), and the window's into the ring.
     // (head, entry) pairs as t = hh L + k (L a power of two): no division by m.
-    const int phys = ring_index(after, c, L);
     auto store = [&](int t, float delta) {
       const int hh = t >> log2_L, k = t & (L - 1);
       if (k >= m) return;
       sm.head_delta[hh * L + k] = delta;
-      if (k == c) sec.ring_delta[phys * H + h0 + hh] = delta;
+      if (k >= c) sec.ring_delta[ring_index(after, k, L) * H + h0 + hh] = delta;
     };
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int t = threadIdx.x + q * blockDim.x;
-      if (t < delta_pairs) store(t, delta_ahead_w1[q]);
+      if (t < delta_pairs) store(t, head_delta_ahead[q]);
     }
     for (int t = threadIdx.x + 2 * blockDim.x; t < delta_pairs; t += blockDim.x)
       store(t, entry_delta(p, sec, after, b, h0 + (t >> log2_L), t & (L - 1)));
-  } else if constexpr (kDirect) {
-    // Direct at W > 1: the deltas of every head of the block, loaded with the staging above.
-    for (int t = threadIdx.x; t < delta_pairs; t += blockDim.x) {
-      const int hh = t >> log2_L, k = t & (L - 1);
-      if (k < m) sm.head_delta[hh * L + k] = entry_delta(p, sec, after, b, h0 + hh, k);
-    }
   }
   __syncthreads();
-  {
+  constexpr bool kDotsMma = kW > 1 && sizeof(ActT) == 2;
+  if constexpr (kDotsMma) {
+    // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
+    // loop below took 11600 of a block's 48000 cycles). The direct readout's C fragments are
+    // built beside them by the last warp, which has no 16-entry tile below history 64.
+    if constexpr (kDirect) build_c_fragments<kMode, true>(sm, N, W, blockDim.x / 32 - 1);
+    if (p.act_f16)
+      entry_window_dots_mma<true>(sm, N, L, m, c, W);
+    else
+      entry_window_dots_mma<false>(sm, N, L, m, c, W);
+  } else {
     // A warp takes kDots entries at a time, so that their reductions' shuffle chains run side by
     // side instead of one after another (each entry's sum is formed as before). The entries are
     // strided over the warps (k = warp + q warps), since k > c + j has no product: consecutive
@@ -347,17 +362,23 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       const int hh = t >> log2_L, k = t & (L - 1);
       if (k >= m) continue;
       const float* dl = sm.head_delta + hh * L;
+      const float A = p.head.A[h0 + hh], D = p.head.D[h0 + hh];
+      // Running sums over q sequentially, the CPU reference's order: L_k, and L_i at the window's
+      // positions i = c + j.
       float run = 0.f, Lk = 0.f, Li[kW];
-#pragma unroll
-      for (int j = 0; j < kW; ++j) Li[j] = 0.f;
-      for (int q = 0; q < m; ++q) {  // sequential, the CPU reference's order
+#pragma unroll 4
+      for (int q = 0; q < c; ++q) {
         run += dl[q];
         if (q == k) Lk = run;
-#pragma unroll
-        for (int j = 0; j < kW; ++j)
-          if (q == c + j) Li[j] = run;
       }
-      const float A = p.head.A[h0 + hh], D = p.head.D[h0 + hh];
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (j < W) {
+          run += dl[c + j];
+          if (c + j == k) Lk = run;
+        }
+        Li[j] = run;
+      }
 #pragma unroll
       for (int j = 0; j < kW; ++j) {
         const int i = c + j;
@@ -372,7 +393,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   if constexpr (kDirect) {
-    build_c_fragments<kMode, true>(sm, N, W);
+    if constexpr (!kDotsMma) build_c_fragments<kMode, true>(sm, N, W);
     __syncthreads();  // head_w, head_dec, c_frag, c_unscale
     const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P, kW, direct_ring);
     const int64_t y0 = (int64_t(b) * W * H + h0) * P, window_stride = int64_t(H) * P;

@@ -47,13 +47,13 @@ template <Mode kMode>
 constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1E4m3Unscale : 1.f;
 
 // B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
-// sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp 0; the caller
-// puts a barrier between this and the readout.
+// sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp `warp`; the
+// caller puts a barrier between this and the readout.
 template <Mode kMode, bool kDirect = false>
-__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W) {
-  if (threadIdx.x >= 32) return;
+__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W, int warp = 0) {
+  if (int(threadIdx.x / 32) != warp) return;
   constexpr int kStep = kslot_pair_step<kMode>;
-  const int lane = threadIdx.x, g = lane / 4, t = lane % 4, steps = N / 16;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = N / 16;
   const float* c = sm.Cr + g * N;  // window column g (rows of Cr exist for g < W only)
   float amax = 0.f;
   if (g < W)
@@ -172,6 +172,59 @@ __device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, i
     for (int part = 0; part < 3; ++part) {
       const uint2 b = parts.next();
       mma_bf16_16816(d, a, b.x, b.y);
+    }
+  }
+}
+
+// The products B_k . C_j of the step's entries and window on the tensor cores, 16-bit activations
+// (kF16: fp16, else bf16), into sm.dot [W, L] (0 for k > c + j):
+//   dot[j][k] = sum_n B[k][n] C[j][n],   A = B's entry rows (16 per tile), B operand = C's rows
+// sm.B and sm.C hold the activations widened to fp32, so they narrow back exactly and every
+// product is exact; only the fp32 summation order differs from the CPU reference's. A dot product
+// is invariant under a permutation of n applied to both operands, so lane (g, t) feeds k-slots
+// {2t, 2t + 1, 2t + 8, 2t + 9} of k-step s with the 4 consecutive columns 16 s + 4 t.. (one 16-byte
+// load per row). Entries past m and window columns past W go in as 0 (their rows are not staged).
+// Warp w takes the 16-entry tiles w, w + warps, ... (one at history 16: 8 dependent MMAs at
+// dstate 128, where the FMA loop ran W rounds of shared-memory loads and shuffle reductions).
+template <bool kF16>
+__device__ __forceinline__ void entry_window_dots_mma(const StepSmem& sm, int N, int L, int m,
+                                                      int c, int W) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto pack = [](float lo, float hi) -> uint32_t {
+    if constexpr (kF16) {
+      const __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&v);
+    }
+  };
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  const bool c_ok = g < W;
+  for (int k0 = 16 * warp; k0 < m; k0 += 16 * int(blockDim.x / 32)) {
+    const bool lo_ok = k0 + g < m, hi_ok = k0 + g + 8 < m;
+    const float* b_lo = sm.B + (k0 + g) * N + 4 * t;
+    const float* b_hi = b_lo + 8 * N;
+    const float* cj = sm.C + g * N + 4 * t;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};  // entries (k0 + g, k0 + g + 8) x windows (2t, 2t + 1)
+#pragma unroll 4
+    for (int s = 0; s < N / 16; ++s) {
+      const float4 lo = lo_ok ? *reinterpret_cast<const float4*>(b_lo + 16 * s) : zero;
+      const float4 hi = hi_ok ? *reinterpret_cast<const float4*>(b_hi + 16 * s) : zero;
+      const float4 cc = c_ok ? *reinterpret_cast<const float4*>(cj + 16 * s) : zero;
+      const uint32_t a[4] = {pack(lo.x, lo.y), pack(hi.x, hi.y), pack(lo.z, lo.w),
+                             pack(hi.z, hi.w)};
+      const uint32_t b0 = pack(cc.x, cc.y), b1 = pack(cc.z, cc.w);
+      if constexpr (kF16) {
+        mma_f16_16816(d, a[0], a[1], a[2], a[3], make_uint2(b0, b1));
+      } else {
+        mma_bf16_16816(d, a, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int k = k0 + g + 8 * (q >> 1), j = 2 * t + (q & 1);
+      if (k < m && j < W) sm.dot[j * L + k] = k <= c + j ? d[q] : 0.f;
     }
   }
 }
