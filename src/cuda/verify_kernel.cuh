@@ -228,7 +228,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   };
   uint4 x_ahead[kXAhead];
   float head_delta_ahead[2];
+  float A_ahead = 0.f, D_ahead = 0.f;  // of the head of the thread's first (head, entry) pair
   if constexpr (kAhead) {
+    if (int(threadIdx.x) < delta_pairs) {
+      A_ahead = p.head.A[h0 + (threadIdx.x >> log2_L)];
+      D_ahead = p.head.D[h0 + (threadIdx.x >> log2_L)];
+    }
 #pragma unroll
     for (int q = 0; q < kXAhead; ++q) {
       const int u = threadIdx.x + q * blockDim.x;
@@ -242,7 +247,35 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  {
+  // The direct readout at W > 1 with 16-bit activations (kRawStage) copies B and C as they are,
+  // by cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
+  // fp32 staging took two round trips, and both are read only by the tensor cores (the dots and
+  // the C fragments), which take 16-bit operands.
+  constexpr bool kRawStage = kDirect && kW > 1 && sizeof(ActT) == 2;
+  uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
+  uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
+  if constexpr (kRawStage) {
+    // Rows 0..m-1 are the entries' B (committed from the ring, then the window's), rows m.. the
+    // window's C; N / 8 vectors of 16 bytes per row (N a power of two).
+    const int log2_per_row = __ffs(N / 8) - 1, vectors = (m + W) << log2_per_row;
+    for (int u = threadIdx.x; u < vectors; u += blockDim.x) {
+      const int r = u >> log2_per_row, v = u & ((1 << log2_per_row) - 1);
+      const uint16_t* src;
+      uint16_t* dst;
+      if (r < m) {
+        src = static_cast<const uint16_t*>(r < c ? sec.ring_B : p.B) +
+              (r < c ? int64_t(ring_index(after, r, L)) * G + g
+                     : (int64_t(b) * W + (r - c)) * G + g) *
+                  N;
+        dst = b_raw + r * N;
+      } else {
+        src = static_cast<const uint16_t*>(p.C) + ((int64_t(b) * W + (r - m)) * G + g) * N;
+        dst = c_raw + (r - m) * N;
+      }
+      cp_async16(dst + 8 * v, src + 8 * v);
+    }
+    cp_async_commit();
+  } else {
     const StageSegment<ActT> seg[3] = {
         {sm.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, int64_t(G) * N, c, N, true,
          nullptr},
@@ -283,8 +316,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
     // Ring B of the group, by the group's first block: the other blocks of the group stage only
     // committed entries (logical < c), and flush_kernel has folded what these positions held.
-    // After a fold in this kernel, by the entry's last block (finish_verify).
-    if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
+    // After a fold in this kernel, by the entry's last block (finish_verify). kRawStage: from the
+    // staged rows, after the barrier below.
+    if (!kRawStage && !folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
   if constexpr (kAhead) {
     // The deltas of every head of the block, loaded ahead of the staging (the window's come from
@@ -304,17 +338,37 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     for (int t = threadIdx.x + 2 * blockDim.x; t < delta_pairs; t += blockDim.x)
       store(t, entry_delta(p, sec, after, b, h0 + (t >> log2_L), t & (L - 1)));
   }
+  if constexpr (kRawStage) cp_async_wait<0>();
   __syncthreads();
   constexpr bool kDotsMma = kW > 1 && sizeof(ActT) == 2;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
     // loop below took 11600 of a block's 48000 cycles). The direct readout's C fragments are
     // built beside them by the last warp, which has no 16-entry tile below history 64.
-    if constexpr (kDirect) build_c_fragments<kMode, true>(sm, N, W, blockDim.x / 32 - 1);
+    if constexpr (kRawStage) {
+      // C rounded to bf16 (SPEC 5: exact for bf16 activations).
+      const bool f16 = p.act_f16;
+      build_c_fragments_from<kMode, true>(
+          sm,
+          [&](int j, int n) {
+            const float v = act_f32(c_raw[j * N + n], f16);
+            return f16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+          },
+          N, W, blockDim.x / 32 - 1);
+      if (!folded && blockIdx.x == 0) {  // ring B of the group (above), from the staged rows
+        const int per_row = N / 8;
+        for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+          const int j = u / per_row, v = u - j * per_row;
+          reinterpret_cast<uint4*>(static_cast<uint16_t*>(sec.ring_B) +
+                                   (int64_t(ring_index(after, c + j, L)) * G + g) * N)[v] =
+              reinterpret_cast<const uint4*>(b_raw + (c + j) * N)[v];
+        }
+      }
+    }
     if (p.act_f16)
-      entry_window_dots_mma<true>(sm, N, L, m, c, W);
+      entry_window_dots_mma<true, kRawStage>(sm.B, sm.C, sm.dot, N, L, m, c, W);
     else
-      entry_window_dots_mma<false>(sm, N, L, m, c, W);
+      entry_window_dots_mma<false, kRawStage>(sm.B, sm.C, sm.dot, N, L, m, c, W);
   } else {
     // A warp takes kDots entries at a time, so that their reductions' shuffle chains run side by
     // side instead of one after another (each entry's sum is formed as before). The entries are
@@ -362,7 +416,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       const int hh = t >> log2_L, k = t & (L - 1);
       if (k >= m) continue;
       const float* dl = sm.head_delta + hh * L;
-      const float A = p.head.A[h0 + hh], D = p.head.D[h0 + hh];
+      const bool ahead = t == int(threadIdx.x);  // the pair whose A and D were loaded ahead
+      const float A = ahead ? A_ahead : p.head.A[h0 + hh], D = ahead ? D_ahead : p.head.D[h0 + hh];
       // Running sums over q sequentially, the CPU reference's order: L_k, and L_i at the window's
       // positions i = c + j.
       float run = 0.f, Lk = 0.f, Li[kW];
@@ -393,7 +448,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   if constexpr (kDirect) {
-    if constexpr (!kDotsMma) build_c_fragments<kMode, true>(sm, N, W);
+    if constexpr (!kRawStage) build_c_fragments<kMode, true>(sm, N, W);
     __syncthreads();  // head_w, head_dec, c_frag, c_unscale
     const DirectSmem ds = DirectSmem::carve(stages, p.heads_per_block, P, kW, direct_ring);
     const int64_t y0 = (int64_t(b) * W * H + h0) * P, window_stride = int64_t(H) * P;

@@ -2,6 +2,8 @@
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/replay_common.cuh"
 #include "cuda/verify_staging.cuh"
 
@@ -46,37 +48,50 @@ constexpr int kslot_pair_step = kMode == Mode::separate_nvfp4 ? 2 : 1;
 template <Mode kMode>
 constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1E4m3Unscale : 1.f;
 
-// B fragments of the window's C (rounded to bf16, in sm.Cr) into sm.c_frag, and into
-// sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp `warp`; the
-// caller puts a barrier between this and the readout.
-template <Mode kMode, bool kDirect = false>
-__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W, int warp = 0) {
+// B fragments of the window's C (rounded to bf16; c_at(j, n) gives C_j[n]) into sm.c_frag, and
+// into sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp `warp`;
+// the caller puts a barrier between this and the readout. Lane l starts at k-step l % steps: at
+// one k-step the 32 lanes' columns fall in one or two shared-memory banks (rows of N floats or
+// 16-bit values start in the same bank, and kslot_col's lane term is a multiple of 16 columns),
+// a 16- to 32-way conflict per load (H200, the direct verify at W = 8 batch 64: nvfp4's dots and
+// C fragments phase took 7000 cycles to separate-fp8's 2400).
+template <Mode kMode, bool kDirect, typename CAt>
+__device__ __forceinline__ void build_c_fragments_from(const StepSmem& sm, CAt&& c_at, int N, int W,
+                                                       int warp) {
   if (int(threadIdx.x / 32) != warp) return;
   constexpr int kStep = kslot_pair_step<kMode>;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = N / 16;
-  const float* c = sm.Cr + g * N;  // window column g (rows of Cr exist for g < W only)
+  const int first = lane % steps;
+  auto step = [&](int i) { return i + first < steps ? i + first : i + first - steps; };
   float amax = 0.f;
-  if (g < W)
-    for (int s = 0; s < steps; ++s)
+  if (g < W)  // window column g (rows of C exist for g < W only)
+    for (int i = 0; i < steps; ++i)
       for (int half = 0; half < 2; ++half) {
-        const int col = kslot_col<kMode, kDirect>(s, t, half);
-        amax = fmaxf(amax, fmaxf(fabsf(c[col]), fabsf(c[col + kStep])));
+        const int col = kslot_col<kMode, kDirect>(step(i), t, half);
+        amax = fmaxf(amax, fmaxf(fabsf(c_at(g, col)), fabsf(c_at(g, col + kStep))));
       }
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the 4 lanes of column g cover
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // all N columns between them
   const int shift = fp16_window_shift(amax);  // amax finite: the inputs were validated
   const float scale = pow2_f32(shift);
-  for (int s = 0; s < steps; ++s) {
+  for (int i = 0; i < steps; ++i) {
+    const int s = step(i);
     uint2 frag = {0u, 0u};
     if (g < W) {
       const int c0 = kslot_col<kMode, kDirect>(s, t, 0), c1 = kslot_col<kMode, kDirect>(s, t, 1);
-      const __half2 lo = __floats2half2_rn(c[c0] * scale, c[c0 + kStep] * scale);
-      const __half2 hi = __floats2half2_rn(c[c1] * scale, c[c1 + kStep] * scale);
+      const __half2 lo = __floats2half2_rn(c_at(g, c0) * scale, c_at(g, c0 + kStep) * scale);
+      const __half2 hi = __floats2half2_rn(c_at(g, c1) * scale, c_at(g, c1 + kStep) * scale);
       frag = {*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
     }
     sm.c_frag[s * 32 + lane] = frag;
   }
   if (t == 0) sm.c_unscale[g] = pow2_f32(-shift) * kFragUnscale<kMode>;
+}
+// The same from sm.Cr (fp32, already rounded to bf16).
+template <Mode kMode, bool kDirect = false>
+__device__ __forceinline__ void build_c_fragments(const StepSmem& sm, int N, int W, int warp = 0) {
+  build_c_fragments_from<kMode, kDirect>(
+      sm, [&](int j, int n) { return sm.Cr[j * N + n]; }, N, W, warp);
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&q)[4], uint32_t smem_addr) {
@@ -179,16 +194,18 @@ __device__ __forceinline__ void ring_term_mma(const uint16_t* xs, int x_pitch, i
 // The products B_k . C_j of the step's entries and window on the tensor cores, 16-bit activations
 // (kF16: fp16, else bf16), into sm.dot [W, L] (0 for k > c + j):
 //   dot[j][k] = sum_n B[k][n] C[j][n],   A = B's entry rows (16 per tile), B operand = C's rows
-// sm.B and sm.C hold the activations widened to fp32, so they narrow back exactly and every
-// product is exact; only the fp32 summation order differs from the CPU reference's. A dot product
-// is invariant under a permutation of n applied to both operands, so lane (g, t) feeds k-slots
-// {2t, 2t + 1, 2t + 8, 2t + 9} of k-step s with the 4 consecutive columns 16 s + 4 t.. (one 16-byte
-// load per row). Entries past m and window columns past W go in as 0 (their rows are not staged).
-// Warp w takes the 16-entry tiles w, w + warps, ... (one at history 16: 8 dependent MMAs at
-// dstate 128, where the FMA loop ran W rounds of shared-memory loads and shuffle reductions).
-template <bool kF16>
-__device__ __forceinline__ void entry_window_dots_mma(const StepSmem& sm, int N, int L, int m,
-                                                      int c, int W) {
+// B [L, N] and C [W, N] are the activations as they are (kRaw, 16-bit) or widened to fp32 (sm.B,
+// sm.C), which narrow back exactly; every product is exact, and only the fp32 summation order
+// differs from the CPU reference's. A dot product is invariant under a permutation of n applied
+// to both operands, so lane (g, t) feeds k-slots {2t, 2t + 1, 2t + 8, 2t + 9} of k-step s with
+// the 4 consecutive columns 16 s + 4 t.. (one load per row). Entries past m and window columns
+// past W go in as 0 (their rows are not staged). Warp w takes the 16-entry tiles w, w + warps, ...
+// (one at history 16: 8 dependent MMAs at dstate 128, where the FMA loop ran W rounds of
+// shared-memory loads and shuffle reductions).
+template <bool kF16, bool kRaw>
+__device__ __forceinline__ void entry_window_dots_mma(const void* B, const void* C, float* dot,
+                                                      int N, int L, int m, int c, int W) {
+  using Elem = std::conditional_t<kRaw, uint16_t, float>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   auto pack = [](float lo, float hi) -> uint32_t {
     if constexpr (kF16) {
@@ -199,32 +216,38 @@ __device__ __forceinline__ void entry_window_dots_mma(const StepSmem& sm, int N,
       return *reinterpret_cast<const uint32_t*>(&v);
     }
   };
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Columns 4t.. of a row as two 16-bit pairs (0 where the row is not staged).
+  auto pairs = [&](const Elem* row, bool ok) -> uint2 {
+    if (!ok) return make_uint2(0u, 0u);
+    if constexpr (kRaw) {
+      return *reinterpret_cast<const uint2*>(row);
+    } else {
+      const float4 v = *reinterpret_cast<const float4*>(row);
+      return make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+    }
+  };
   const bool c_ok = g < W;
   for (int k0 = 16 * warp; k0 < m; k0 += 16 * int(blockDim.x / 32)) {
     const bool lo_ok = k0 + g < m, hi_ok = k0 + g + 8 < m;
-    const float* b_lo = sm.B + (k0 + g) * N + 4 * t;
-    const float* b_hi = b_lo + 8 * N;
-    const float* cj = sm.C + g * N + 4 * t;
+    const Elem* b_lo = static_cast<const Elem*>(B) + (k0 + g) * N + 4 * t;
+    const Elem* b_hi = b_lo + 8 * N;
+    const Elem* cj = static_cast<const Elem*>(C) + g * N + 4 * t;
     float d[4] = {0.f, 0.f, 0.f, 0.f};  // entries (k0 + g, k0 + g + 8) x windows (2t, 2t + 1)
 #pragma unroll 4
     for (int s = 0; s < N / 16; ++s) {
-      const float4 lo = lo_ok ? *reinterpret_cast<const float4*>(b_lo + 16 * s) : zero;
-      const float4 hi = hi_ok ? *reinterpret_cast<const float4*>(b_hi + 16 * s) : zero;
-      const float4 cc = c_ok ? *reinterpret_cast<const float4*>(cj + 16 * s) : zero;
-      const uint32_t a[4] = {pack(lo.x, lo.y), pack(hi.x, hi.y), pack(lo.z, lo.w),
-                             pack(hi.z, hi.w)};
-      const uint32_t b0 = pack(cc.x, cc.y), b1 = pack(cc.z, cc.w);
+      const uint2 lo = pairs(b_lo + 16 * s, lo_ok), hi = pairs(b_hi + 16 * s, hi_ok);
+      const uint2 cc = pairs(cj + 16 * s, c_ok);
+      const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
       if constexpr (kF16) {
-        mma_f16_16816(d, a[0], a[1], a[2], a[3], make_uint2(b0, b1));
+        mma_f16_16816(d, a[0], a[1], a[2], a[3], cc);
       } else {
-        mma_bf16_16816(d, a, b0, b1);
+        mma_bf16_16816(d, a, cc.x, cc.y);
       }
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int k = k0 + g + 8 * (q >> 1), j = 2 * t + (q & 1);
-      if (k < m && j < W) sm.dot[j * L + k] = k <= c + j ? d[q] : 0.f;
+      if (k < m && j < W) dot[j * L + k] = k <= c + j ? d[q] : 0.f;
     }
   }
 }
