@@ -192,6 +192,8 @@ __device__ bool entry_valid(const ReplayParams& p, int b, int slot, bool nonfini
 // `windows` = W rounded up as the kernel is specialised (1, 4 or 8), `heads` = heads per block,
 // `mma`: the tensor-core readout of the 8/4-bit read modes (its B fragments).
 struct StepSmem {
+  // B and C hold the 16-bit activations as they are in the direct readout at W > 1 with 16-bit
+  // activations (verify_kernel's kRawStage), in the same space.
   float* B;    // [L, N]         entries the readout sees: committed, then the window
   float* C;    // [windows, N]
   float* Cr;   // [windows, N]   C rounded to bf16 in the 8/4-bit read modes (else == C)
