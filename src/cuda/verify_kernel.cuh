@@ -247,11 +247,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  // The direct readout at W > 1 with 16-bit activations (kRawStage) copies B and C as they are,
-  // by cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
+  // The direct readout with 16-bit activations (kRawStage) copies B and C as they are, by
+  // cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
   // fp32 staging took two round trips, and both are read only by the tensor cores (the dots and
-  // the C fragments), which take 16-bit operands.
-  constexpr bool kRawStage = kDirect && kW > 1 && sizeof(ActT) == 2;
+  // the C fragments), which take 16-bit operands. At W = 1 a one-wave grid (batch 64) overlaps
+  // no block's prologue with another's readout, so each round trip saved is the kernel's.
+  constexpr bool kRawStage = kDirect && sizeof(ActT) == 2;
   uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
   uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
   if constexpr (kRawStage) {
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   }
   if constexpr (kRawStage) cp_async_wait<0>();
   __syncthreads();
-  constexpr bool kDotsMma = kW > 1 && sizeof(ActT) == 2;
+  constexpr bool kDotsMma = (kW > 1 && sizeof(ActT) == 2) || kRawStage;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
     // loop below took 11600 of a block's 48000 cycles). The direct readout's C fragments are
