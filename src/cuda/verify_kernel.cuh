@@ -247,12 +247,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  // The direct readout with 16-bit activations (kRawStage) copies B and C as they are, by
-  // cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
-  // fp32 staging took two round trips, and both are read only by the tensor cores (the dots and
-  // the C fragments), which take 16-bit operands. At W = 1 a one-wave grid (batch 64) overlaps
-  // no block's prologue with another's readout, so each round trip saved is the kernel's.
-  constexpr bool kRawStage = kDirect && sizeof(ActT) == 2;
+  // The tensor-core readouts of the direct and one-launch variants with 16-bit activations
+  // (kRawStage) copy B and C as they are, by cp.async into the space of sm.B and sm.C: every
+  // row's copy is in flight at once, where the fp32 staging took two round trips, and both are
+  // read only by the tensor cores (the dots and the C fragments), which take 16-bit operands. A
+  // one-wave grid (W = 1 at batch 64; a one-launch step) overlaps no block's prologue with another
+  // block's readout, so each round trip saved is the kernel's.
+  constexpr bool kRawStage = (kDirect || (kOneLaunch && kMma)) && sizeof(ActT) == 2;
   uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
   uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
   if constexpr (kRawStage) {
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     if constexpr (kRawStage) {
       // C rounded to bf16 (SPEC 5: exact for bf16 activations).
       const bool f16 = p.act_f16;
-      build_c_fragments_from<kMode, true>(
+      build_c_fragments_from<kMode, kDirect>(
           sm,
           [&](int j, int n) {
             const float v = act_f32(c_raw[j * N + n], f16);
@@ -472,7 +473,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     finish_verify<ActT, false>(p, b, slot, G * chunks);
     return;
   }
-  if constexpr (kMma) build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
+  if constexpr (kMma && !kRawStage)
+    build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
   const RowMap rm(p.lanes_per_row, 1);
   float cr[kMma ? 1 : kW][8];  // the FMA readout's Cr_j (each thread works on 8 columns)
   if constexpr (!kMma) {
