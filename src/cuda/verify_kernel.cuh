@@ -247,11 +247,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  // The direct readout at W > 1 with 16-bit activations (kRawStage) copies B and C as they are,
-  // by cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
-  // fp32 staging took two round trips, and both are read only by the tensor cores (the dots and
-  // the C fragments), which take 16-bit operands.
-  constexpr bool kRawStage = kDirect && kW > 1 && sizeof(ActT) == 2;
+  // The tensor-core readouts of the direct and one-launch variants with 16-bit activations
+  // (kRawStage) copy B and C as they are, by cp.async into the space of sm.B and sm.C: every
+  // row's copy is in flight at once, where the fp32 staging took two round trips, and both are
+  // read only by the tensor cores (the dots and the C fragments), which take 16-bit operands. A
+  // one-wave grid (W = 1 at batch 64; a one-launch step) overlaps no block's prologue with another
+  // block's readout, so each round trip saved is the kernel's.
+  constexpr bool kRawStage = (kDirect || (kOneLaunch && kMma)) && sizeof(ActT) == 2;
   uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
   uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
   if constexpr (kRawStage) {
@@ -295,8 +297,22 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         const int u = threadIdx.x + q * blockDim.x;
         if (u < window_vectors) *window_x(u, true) = x_ahead[q];
       }
-      for (int u = threadIdx.x + kXAhead * blockDim.x; u < window_vectors; u += blockDim.x)
-        *window_x(u, true) = *window_x(u, false);
+      // The rest (batch 256 at W = 8: 4 vectors per thread more) kXAhead loads at a time before
+      // their stores: one vector per iteration waited a round trip each (a store to the ring may
+      // alias the next load from the input, so the compiler keeps them in order).
+      for (int u0 = threadIdx.x + kXAhead * blockDim.x; u0 < window_vectors;
+           u0 += kXAhead * blockDim.x) {
+#pragma unroll
+        for (int q = 0; q < kXAhead; ++q) {
+          const int u = u0 + q * blockDim.x;
+          if (u < window_vectors) x_ahead[q] = *window_x(u, false);
+        }
+#pragma unroll
+        for (int q = 0; q < kXAhead; ++q) {
+          const int u = u0 + q * blockDim.x;
+          if (u < window_vectors) *window_x(u, true) = x_ahead[q];
+        }
+      }
     } else {
       // One flat loop over (head, token, vector): a loop per token serialised the tokens' loads
       // and stores (H200, W = 8 batch 64 separate-fp8: 196.8 -> 206.8 us).
@@ -335,12 +351,24 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       const int t = threadIdx.x + q * blockDim.x;
       if (t < delta_pairs) store(t, head_delta_ahead[q]);
     }
-    for (int t = threadIdx.x + 2 * blockDim.x; t < delta_pairs; t += blockDim.x)
-      store(t, entry_delta(p, sec, after, b, h0 + (t >> log2_L), t & (L - 1)));
+    // The rest (history 32 at 16 heads per block) two at a time, loads before stores as above.
+    for (int t0 = threadIdx.x + 2 * blockDim.x; t0 < delta_pairs; t0 += 2 * blockDim.x) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int t = t0 + q * blockDim.x, hh = t >> log2_L, k = t & (L - 1);
+        head_delta_ahead[q] =
+            t < delta_pairs && k < m ? entry_delta(p, sec, after, b, h0 + hh, k) : 0.f;
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int t = t0 + q * blockDim.x;
+        if (t < delta_pairs) store(t, head_delta_ahead[q]);
+      }
+    }
   }
   if constexpr (kRawStage) cp_async_wait<0>();
   __syncthreads();
-  constexpr bool kDotsMma = kW > 1 && sizeof(ActT) == 2;
+  constexpr bool kDotsMma = (kW > 1 && sizeof(ActT) == 2) || kRawStage;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
     // loop below took 11600 of a block's 48000 cycles). The direct readout's C fragments are
@@ -348,7 +376,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     if constexpr (kRawStage) {
       // C rounded to bf16 (SPEC 5: exact for bf16 activations).
       const bool f16 = p.act_f16;
-      build_c_fragments_from<kMode, true>(
+      build_c_fragments_from<kMode, kDirect>(
           sm,
           [&](int j, int n) {
             const float v = act_f32(c_raw[j * N + n], f16);
@@ -471,7 +499,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     finish_verify<ActT, false>(p, b, slot, G * chunks);
     return;
   }
-  if constexpr (kMma) build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
+  if constexpr (kMma && !kRawStage)
+    build_c_fragments<kMode>(sm, N, W);  // read after the loop's barrier
   const RowMap rm(p.lanes_per_row, 1);
   float cr[kMma ? 1 : kW][8];  // the FMA readout's Cr_j (each thread works on 8 columns)
   if constexpr (!kMma) {
