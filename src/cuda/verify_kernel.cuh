@@ -193,6 +193,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         for (int e = 0; e < 2 * kEntries; ++e) x[e] = entry_x(8 * e + g8);
         direct.init_ring(x,
                          (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P);
+        // The walk requests a tile's ring operands one or two tiles ahead (kRingAhead), too late
+        // to hide a DRAM round trip; the committed entries' x rows of the block's heads (one
+        // contiguous run per entry) are brought into L2 now, one bulk prefetch per entry.
+        if (int(threadIdx.x) < c)
+          bulk_prefetch_l2(static_cast<const ActT*>(sec.ring_x) +
+                               (int64_t(ring_index(after, threadIdx.x, L)) * H + h0) * P,
+                           uint32_t(p.heads_per_block * P * sizeof(ActT)));
       }
     }
     direct.prefetch(direct_ring);

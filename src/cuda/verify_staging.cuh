@@ -70,6 +70,14 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
+// A hint that `bytes` (a multiple of 16) at `gmem` (16-byte aligned) be brought into L2, by the
+// calling thread alone (sm_90 bulk prefetch: no completion to wait for).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(__cvta_generic_to_global(gmem)),
+               "r"(bytes));
+#endif
+}
 // Copies `bytes` (a multiple of 16) with the block's threads, 16 bytes each.
 __device__ __forceinline__ void cp_async_block(void* smem, const void* gmem, int bytes) {
   for (int i = threadIdx.x; i < bytes / 16; i += blockDim.x)
