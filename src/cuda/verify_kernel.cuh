@@ -474,12 +474,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         const int i = c + j;
         float w = 0.f;
         if (j < W && k <= i) w = dl[k] * decay(A * (Li[j] - Lk)) * sm.dot[j * L + k];
-        if (j < W && k == i) {
-          w += D;
-          sm.head_dec[hh * kW + j] = decay(A * Li[j]);
-        }
+        if (j < W && k == i) w += D;
         sm.head_w[(hh * kW + j) * L + k] = w;
       }
+      // exp(A L_i) of window position i = k, by the thread of that entry (Li[k - c] is Lk, the
+      // same value): one exponential per window entry, where a store under k == c + j in the
+      // loop above left an exponential per column in every thread's unrolled code.
+      if (k >= c) sm.head_dec[hh * kW + (k - c)] = decay(A * Lk);
     }
   }
   if constexpr (kDirect) {
