@@ -390,15 +390,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
             return f16 ? bf16_to_f32(f32_to_bf16(v)) : v;
           },
           N, W, blockDim.x / 32 - 1);
-      if (!folded && blockIdx.x == 0) {  // ring B of the group (above), from the staged rows
-        const int per_row = N / 8;
-        for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
-          const int j = u / per_row, v = u - j * per_row;
-          reinterpret_cast<uint4*>(static_cast<uint16_t*>(sec.ring_B) +
-                                   (int64_t(ring_index(after, c + j, L)) * G + g) * N)[v] =
-              reinterpret_cast<const uint4*>(b_raw + (c + j) * N)[v];
-        }
-      }
+      if (!folded && blockIdx.x == 0)  // ring B of the group (above), from the staged rows
+        append_window_B_from<ActT>(p, sec, after, g, 1,
+                                   reinterpret_cast<const ActT*>(b_raw + c * N), N);
     }
     if (p.act_f16)
       entry_window_dots_mma<true, kRawStage>(sm.B, sm.C, sm.dot, N, L, m, c, W);

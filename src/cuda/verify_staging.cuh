@@ -169,19 +169,28 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
 }
 
 // The window's B of groups g0 .. g0 + groups - 1 into the ring at logical positions c.. of
-// `after` (the cursors after any flush of this step), in 16-byte vectors.
+// `after` (the cursors after any flush of this step), in 16-byte vectors, from `src` (the window's
+// first row there: token j's groups start at src + j * src_stride).
 template <typename ActT>
-__device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
-                                                const SlotSections& sec, const SlotCursors& after,
-                                                int g0, int groups) {
+__device__ __forceinline__ void append_window_B_from(const ReplayParams& p, const SlotSections& sec,
+                                                     const SlotCursors& after, int g0, int groups,
+                                                     const ActT* src, int64_t src_stride) {
   const int W = p.tokens, per_row = groups * p.N * int(sizeof(ActT)) / 16;
   for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
     const int j = u / per_row, i = u - j * per_row;
     const int phys = ring_index(after, after.committed + j, p.L);
     reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_B) + (int64_t(phys) * p.G + g0) * p.N)[i] =
-        reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) +
-                                       ((int64_t(b) * W + j) * p.G + g0) * p.N)[i];
+        reinterpret_cast<const uint4*>(src + j * src_stride)[i];
   }
+}
+// The same from the step's input B of batch entry b.
+template <typename ActT>
+__device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
+                                                const SlotSections& sec, const SlotCursors& after,
+                                                int g0, int groups) {
+  append_window_B_from<ActT>(
+      p, sec, after, g0, groups,
+      static_cast<const ActT*>(p.B) + (int64_t(b) * p.tokens * p.G + g0) * p.N, int64_t(p.G) * p.N);
 }
 
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
