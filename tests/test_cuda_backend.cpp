@@ -470,13 +470,18 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     check_steps_against_cpu({16, 16, 64, 2}, 192, mode, 52, window, true);
 }
 
+// The direct readout's tests are split by path so that compute-sanitizer can run one path alone.
+// Slots draw their accepted counts from these: always 1, or 1 to 8 (spreading the slots' phases).
+int accept_one(int, std::mt19937_64&) { return 1; }
+int accept_up_to_eight(int, std::mt19937_64& rng) { return 1 + int(rng() % 8); }
+
 // Decode steps (W = 1) of batches above the one-launch limit, and verify steps, whose 8-bit and
 // nvfp4 checkpoints are read out by VerifyVariant::chained_direct at the presets' headdim and
 // dstate (4 tiles per head, 2 and 4 column blocks per row; the shape above, dstate 64, does not
 // take it), across two flushes.
-TEST(CudaBackend, DirectReadoutMatchesCpu) {
+TEST(CudaBackend, DirectReadoutAutoregressiveMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
-  auto decode = [](int, std::mt19937_64&) { return 1; };
+  auto decode = accept_one;
   for (Mode mode :
        {Mode::shared_fp8, Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 36, decode, false);
@@ -486,23 +491,37 @@ TEST(CudaBackend, DirectReadoutMatchesCpu) {
   // through its own).
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 20, decode, false, act);
+}
+
+TEST(CudaBackend, DirectReadoutSpeculativeMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
   // Speculative windows (W = 2 to 4 take the kW = 4 instantiation, every column of the tensor
   // cores' window, 5 to 8 the kW = 8 one; with bf16 activations the ring term on the tensor cores
   // in the walk), the accepted counts spreading the slots' phases. fp16 activations: the ring
   // term on the CUDA cores at W <= 4 and the staged readout above.
-  auto speculative = [](int, std::mt19937_64& rng) { return 1 + int(rng() % 8); };
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
     check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 16, speculative, false);
   }
   check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 16, speculative, false,
                           DType::f16);
+  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
+                          DType::f32);
+}
+
+TEST(CudaBackend, DirectReadoutMultiHeadBlocksMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
   // Blocks of several heads (4 per block at W > 1 on a 132-SM H200; two tiles per head, so a
   // warp's tiles change heads), which windows 5 to 8 need to take the direct readout.
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4})
     check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 10, speculative, false);
-  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
-                          DType::f32);
+}
+
+TEST(CudaBackend, DirectReadoutHistory32MatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
   // History 32: at dstate 128 the ring term on the tensor cores in two k-steps of 16 entries
   // (blocks of four heads at W > 1 on a 132-SM H200); at dstate 256 the ring pass on the CUDA
   // cores at W <= 4 and the staged readout at 5-8, as before.
