@@ -55,9 +55,10 @@ if has test; then
     sort | uniq >"$out/test-agreement.txt"
 fi
 if has racecheck; then
-  # A random mixed sequence (flushing and non-flushing slots) and the graph test under the
-  # shared-memory race checker, the memory checker and the initialisation checker.
-  filt=${RACE_FILTER:-'*RandomOperationSequence/separate_fp8_bf16:*RandomOperationSequence/separate_nvfp4*:*GraphCapture*'}
+  # A random mixed sequence (flushing and non-flushing slots), the graph test and the direct
+  # readout's W > 1 path at four heads per block (about 70 s under racecheck on the H200) under
+  # the shared-memory race checker, the memory checker and the initialisation checker.
+  filt=${RACE_FILTER:-'*RandomOperationSequence/separate_fp8_bf16:*RandomOperationSequence/separate_nvfp4*:*GraphCapture*:CudaBackend.DirectReadoutMultiHeadBlocksMatchesCpu'}
   for tool in racecheck memcheck initcheck; do
     step $tool 200 compute-sanitizer --tool $tool --error-exitcode 3 \
       ./build/tests/test_cuda_backend --gtest_filter="$filt"
