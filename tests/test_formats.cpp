@@ -273,6 +273,51 @@ TEST(E2m1, PairPackPutsElementIInNibbleI) {
   }
 }
 
+// detail::div_rn_by (the GPU encoders' division by a constant: one product and two FMAs) against
+// the division it replaces, for the encoders' divisors: equal wherever the quotient is a normal
+// number. Every significand of the binades around the lowest such x, of 2^0 and of the top binade,
+// and 4096 significands of every other binade (the method's error depends on the significands
+// alone while every value stays normal). Below, where the quotient is subnormal, the nvfp4
+// encoder relies only on x < 2^-125 giving a quotient of 6 no larger than 2^-126.
+TEST(DivRnBy, MatchesDivisionWhereverTheQuotientIsNormal) {
+  struct Divisor {
+    float y, r;
+  };
+  const Divisor divisors[] = {{kE2m1Max, kInvE2m1Max},
+                              {kE4m3Max, kInvE4m3Max},
+                              {kE4m3Max * kE2m1Max, kInvNvfp4Global},
+                              {kInt8Max, kInvInt8Max}};
+  for (const Divisor& d : divisors) {
+    ASSERT_EQ(f32_bits(d.r), f32_bits(1.f / d.y)) << d.y;  // RN(1 / y)
+    int64_t checked = 0;
+    auto check = [&](uint32_t bits) {
+      const float x = from_bits(bits);
+      if (double(x) / double(d.y) < 0x1p-126) return true;  // subnormal quotient
+      const float got = detail::div_rn_by(x, d.y, d.r), want = x / d.y;
+      if (f32_bits(got) != f32_bits(want)) {
+        ADD_FAILURE() << "x = " << x << " (bits " << std::hex << bits << ") / " << d.y << ": "
+                      << got << " vs " << want;
+        return false;
+      }
+      ++checked;
+      return true;
+    };
+    // The binade of the smallest x with a normal quotient, the two around it, 2^0 and the top.
+    const uint32_t low = f32_bits(d.y * 0x1p-126f) >> 23;
+    for (const uint32_t e : {low - 1, low, low + 1, 127u, 254u})
+      for (uint32_t m = 0; m < 0x800000u; ++m)
+        if (!check((e << 23) | m)) return;
+    for (uint32_t e = 0; e < 255; ++e)
+      for (uint32_t m = 0; m < 4096; ++m)
+        if (!check((e << 23) | (m * 2047u % 0x800000u))) return;
+    EXPECT_GT(checked, int64_t(3) * (1 << 23)) << d.y;
+  }
+  for (uint32_t bits = 0; bits < 0x01000000u; ++bits) {  // x < 2^-125
+    const float q = detail::div_rn_by(from_bits(bits), kE2m1Max, kInvE2m1Max);
+    ASSERT_TRUE(q >= 0.f && q <= 0x1p-126f) << std::hex << bits;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Round-to-nearest-even on every tie between adjacent positive finite values (and mirrored).
 

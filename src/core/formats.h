@@ -57,6 +57,15 @@ RSSM_HD float add_rn(float a, float b) {
 #endif
 }
 
+// a b + c rounded once (an FMA on both sides).
+RSSM_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
 RSSM_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
@@ -65,7 +74,29 @@ RSSM_HD float div_rn(float a, float b) {
 #endif
 }
 
+// a / y for a divisor y known in advance, from r = RN(1 / y): the product q = RN(a r) is within an
+// ulp of a / y, its remainder a - q y is exact in one FMA, and a second FMA rounds q + remainder
+// x r. Three instructions on the device against div_rn's ten and its slow-path check. It equals
+// div_rn(a, y) for every finite a >= 0 whose quotient is a normal number for the divisors the
+// encoders use, 6, 127, 448 and 2688 (test_formats: every significand of five binades, 4096 of
+// every other; a run over every float found differences only where the quotient is subnormal,
+// and none for 127): callers state why their operands qualify.
+RSSM_HD float div_rn_by(float a, float y, float r) {
+  const float q = mul_rn(a, r);
+  return fma_rn(fma_rn(-q, y, a), r, q);
+}
+
 RSSM_HD float abs_f32(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
+
+// min(|x|, c), IEEE minNum (c for NaN x) on both sides: one FMNMX with the |.| modifier on the
+// device.
+RSSM_HD float min_abs(float x, float c) {
+#if defined(__CUDA_ARCH__)
+  return fminf(fabsf(x), c);
+#else
+  return __builtin_fminf(__builtin_fabsf(x), c);
+#endif
+}
 
 RSSM_HD bool is_nan_bits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 
@@ -231,6 +262,9 @@ RSSM_HD uint16_t f32_to_f16_sr_fast(float x, uint32_t random, int r_bits) {
 // Largest finite 448 = 1.75 * 2^8, smallest normal 2^-6, smallest subnormal 2^-9.
 
 constexpr float kE4m3Max = 448.f, kInt8Max = 127.f, kE2m1Max = 6.f;
+// RN(1 / y) of the encoders' constant divisors (detail::div_rn_by); 2688 = 448 x 6 is nvfp4's.
+constexpr float kInvE4m3Max = 1.f / kE4m3Max, kInvInt8Max = 1.f / kInt8Max,
+                kInvE2m1Max = 1.f / kE2m1Max, kInvNvfp4Global = 1.f / (kE4m3Max * kE2m1Max);
 
 // Round-to-nearest-even; finite overflow and +-Inf saturate to +-448 (0x7e/0xfe); NaN -> 0x7f
 // with the sign kept (0xff for negative NaN); -0 -> 0x80.
@@ -299,12 +333,13 @@ RSSM_HD int8_t f32_to_int8(float x) {
 // (an even k is an even index in every binade); k is the sum's bits minus M's. The index is k +
 // 2 e (e = 0, 1, 2), capped at 7: a is first capped at 8 (Inf too), whose k + 2 e = 8 saturates.
 namespace detail {
-// The rounding both e2m1 encoders share: magnitude bits `a` (finite, at most 8) plus M = 2^23 x
-// the grid step of a's binade (biased exponent e, at least 2^0's), whose sum's rounding is the
-// format's; returns the sum and sets `magic` to M's bits.
+// f32_to_e2m1's rounding (f32_to_e2m1_scaled does the same at 2^-6 of the scale): magnitude bits
+// `a` (finite, at most 8) plus M = 2^23 x the grid step of a's binade (biased exponent e, at least
+// 2^0's), whose sum's rounding is the format's; returns the sum and sets `magic` to M's bits.
 RSSM_HD float e2m1_grid_sum(uint32_t a, uint32_t& magic) {
-  const uint32_t e = (a >> 23) > 127u ? (a >> 23) : 127u;
-  magic = (e + 22u) << 23;  // 2^23 x step = 2^(e - 127 + 22)
+  // 2^23 x step = 2^(e - 127 + 22), e = max(a's exponent, 127): the exponent field of max(a, 1)
+  // plus 22 (three integer operations; a has no sign bit)
+  magic = ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + (22u << 23);
   return add_rn(bits_f32(a), bits_f32(magic));
 }
 }  // namespace detail
@@ -353,17 +388,14 @@ inline constexpr float kE2m1E4m3Unscale = 64.0f;  // 2^6: e4m3 value * this = e2
 // x must not be NaN (f32_to_e2m1 maps NaN to code 0; this to 6 with x's sign).
 RSSM_HD float f32_to_e2m1_scaled(float x) {
   const uint32_t u = f32_bits(x);
-  const uint32_t a0 = u & 0x7fffffffu;
-  const uint32_t a = a0 < 0x40c00000u ? a0 : 0x40c00000u;  // min(|x|, 6)
-  uint32_t magic;
-  const float sum = detail::e2m1_grid_sum(a, magic);  // rounded at the step
-  // (sum - M) 2^-6: exact (sum and M share a binade; scaling by 2^-6 stays normal), so one fused
-  // operation on the device gives the same bits as the two here.
-#if defined(__CUDA_ARCH__)
-  const float r = __fmaf_rn(sum, 0x1p-6f, -bits_f32(magic - (6u << 23)));
-#else
-  const float r = (sum - bits_f32(magic)) * 0x1p-6f;
-#endif
+  const uint32_t a = f32_bits(detail::min_abs(x, 6.0f));  // min(|x|, 6): one FMNMX on the device
+  // e2m1_grid_sum's rounding done at 2^-6 of the scale: a 2^-6 + M 2^-6 rounded in one FMA (the
+  // product is exact inside it) is RN(a + M) 2^-6 since every value stays normal (M 2^-6 >= 2^16),
+  // and subtracting M 2^-6 is exact (same binade), so r = (RN(a + M) - M) 2^-6 without forming M
+  // itself: one integer operation fewer per element than adding M and scaling the difference.
+  const uint32_t magic6 = ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + (16u << 23);
+  const float sum6 = detail::fma_rn(bits_f32(a), 0x1p-6f, bits_f32(magic6));
+  const float r = detail::add_rn(sum6, -bits_f32(magic6));
   return bits_f32(f32_bits(r) | (u & 0x80000000u));
 }
 // Four e4m3 bytes (the values of f32_to_e2m1_scaled, element i in byte i) as four e2m1 codes,

@@ -78,14 +78,6 @@ __device__ __forceinline__ void e2m1x8_to_f32(uint32_t packed, float d, float (&
     }
 }
 
-__device__ __forceinline__ void store8_bytes(uint8_t* p, const uint8_t (&b)[8]) {
-  uint2 raw;
-  uint8_t* q = reinterpret_cast<uint8_t*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) q[i] = b[i];
-  *reinterpret_cast<uint2*>(p) = raw;
-}
-
 // The raw bytes of one 8-element chunk of the recurrence (rec = true) or read checkpoint, loaded
 // without any dependent instruction so that the loads of several rows stay in flight while the
 // thread does other work; decode_raw8 turns them into values later.
@@ -218,58 +210,82 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   return saturated;
 }
 
-// Row amax over the lanes of the row (all lanes of the warp take part).
-__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes) {
+// Row amax over the lanes of the row (all lanes of the warp take part, whatever their row's
+// values: no exchange sits behind a branch). The exchanges go up from offset 1, so that after the
+// first one `pair` holds the amax of lane pair (lane, lane ^ 1), an nvfp4 block of 16 elements.
+// lanes = dstate / 8 is 8, 16 or 32 (cuda_backend.cu admits dstate 64, 128 and 256 only), so the
+// offsets 1, 2 and 4 are always taken; 8 and 16 go through o & (lanes - 1), o while o < lanes
+// and otherwise 0, the lane's own value, which leaves the max as it is. At nemotron-h-8b's
+// dstate (16 lanes) that is one idle exchange instead of a uniform compare and branch around
+// each of five. The max is order independent (amax_combine).
+__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr) {
   float m = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));  // |.| folds into the max
-  return row_amax(m, lanes);
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o < 8 ? o : o & (lanes - 1)));
+    if (o == 1 && pair != nullptr) *pair = m;
+  }
+  return m;
 }
 
-// Two fp32 values to e4m3 codes, round to nearest even, finite overflow saturating to +-448: one
+// Two fp32 values to e4m3 codes (bits 0-7 and 8-15 of the result, the rest 0), round to nearest
+// even, finite overflow saturating to +-448: one
 // hardware conversion (cvt.rn.satfinite.e4m3x2.f32) on sm_89 and later, bit-identical to
 // core/formats.h's f32_to_e4m3 for every non-NaN input (test_formats_cuda_headers checks the
 // same rule against cuda_fp8.h); the encoders never pass NaN (sanitize8 runs first).
-__device__ __forceinline__ void f32x2_to_e4m3x2(float a, float b, uint8_t& ca, uint8_t& cb) {
-  const __nv_fp8x2_storage_t two =
-      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);  // a: low byte
-  ca = uint8_t(two & 0xffu);
-  cb = uint8_t(two >> 8);
+__device__ __forceinline__ uint32_t e4m3x2_bits(float a, float b) {  // a: low byte
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
 }
 
-// 8-bit row codec (e4m3: kMax = 448, int8: 127). Returns the row scale; rv = code values.
+// 8-bit row codec (e4m3: kMax = 448, int8: 127). Returns the row scale; codes = the 8 codes,
+// element i in byte i of the little-endian pair of words; rv = code values. Two e4m3 conversions
+// of two values each make a word in two instructions (the second merges into the first's upper
+// half), where assembling the words byte by byte took about 20 instructions per lane and row.
 template <bool kFp8>
-__device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes, uint8_t (&c)[8],
+__device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes, uint2& codes,
                                                  float (&rv)[8]) {
   const float amax = chunk_amax(v, lanes);
   const float kmax = kFp8 ? kE4m3Max : kInt8Max;
   if (detail::is_zero_row(amax)) {
+    codes = make_uint2(0u, 0u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) c[i] = 0, rv[i] = 0.f;
+    for (int i = 0; i < 8; ++i) rv[i] = 0.f;
     return 0.f;
   }
   const float inv = __fdiv_rn(kmax, amax);
+  float t[8];
 #pragma unroll
-  for (int i = 0; i < 8; i += 2) {
-    const float t0 = __fmul_rn(v[i], inv), t1 = __fmul_rn(v[i + 1], inv);
+  for (int i = 0; i < 8; ++i) t[i] = __fmul_rn(v[i], inv);
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     if constexpr (kFp8) {
-      f32x2_to_e4m3x2(t0, t1, c[i], c[i + 1]);
-      rv[i] = e4m3_to_f32(c[i]);
-      rv[i + 1] = e4m3_to_f32(c[i + 1]);
+      w[h] = e4m3x2_bits(t[4 * h], t[4 * h + 1]) | e4m3x2_bits(t[4 * h + 2], t[4 * h + 3]) << 16;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) rv[4 * h + i] = e4m3_to_f32(uint8_t(w[h] >> (8 * i)));
     } else {
-      const int8_t q0 = f32_to_int8(t0), q1 = f32_to_int8(t1);
-      c[i] = uint8_t(q0), c[i + 1] = uint8_t(q1);
-      rv[i] = float(q0), rv[i + 1] = float(q1);
+      w[h] = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int8_t q = f32_to_int8(t[4 * h + i]);
+        w[h] |= uint32_t(uint8_t(q)) << (8 * i);
+        rv[4 * h + i] = float(q);
+      }
     }
   }
-  return __fdiv_rn(amax, kmax);
+  codes = make_uint2(w[0], w[1]);
+  // exact: amax >= 2^-100 here (detail::div_rn_by)
+  return detail::div_rn_by(amax, kmax, kFp8 ? kInvE4m3Max : kInvInt8Max);
 }
 
 // NVFP4 row codec (formats.h encode_row_nvfp4). The 16-element block of this lane's chunk is
 // shared with lane ^ 1. Writes 4 packed bytes and (even lanes) the block scale.
 __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, uint32_t& packed,
                                                uint8_t& block_scale, float (&rv)[8]) {
-  const float amax = chunk_amax(v, lanes);
+  float bm;  // the block's amax (lanes >= 8, chunk_amax)
+  const float amax = chunk_amax(v, lanes, &bm);
   if (detail::is_zero_row(amax)) {
     packed = 0;
     block_scale = 0;
@@ -279,15 +295,18 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   }
   constexpr float kGlobal = kE4m3Max * kE2m1Max;
   const float g = __fdiv_rn(kGlobal, amax);
-  float bm = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) bm = amax_combine(bm, fabsf(v[i]));
-  bm = amax_combine(bm, __shfl_xor_sync(0xffffffffu, bm, 1));
-  float s = __fdiv_rn(bm, kE2m1Max);
+  // bm / 6 by div_rn_by: exact where the quotient is normal (bm >= 2^-125). Below that both
+  // quotients are under 2^-126 and s = quotient x g under 2^-126 x 2^111.4 (g <= 2688 / 2^-100,
+  // the smallest amax of a live row), far below half the smallest e4m3 value 2^-9: the block
+  // scale is 0 from either, and so are the codes.
+  float s = detail::div_rn_by(bm, kE2m1Max, kInvE2m1Max);
   s = __fmul_rn(s, g);
-  // s >= 0: the hardware conversion rounds and saturates as f32_to_e4m3 does (NaN -> 0x7f).
-  block_scale = uint8_t(__nv_cvt_float_to_fp8(s, __NV_SATFINITE, __NV_E4M3));
-  const float d = __half2float(__half(__nv_cvt_fp8_to_halfraw(block_scale, __NV_E4M3)));
+  // s >= 0: the hardware conversion rounds and saturates as f32_to_e4m3 does (NaN -> 0x7f). As
+  // a pair with 0 in the upper byte, so that the word converts back as it is (no byte mask).
+  const uint32_t bs_pair = e4m3x2_bits(s, 0.f);
+  block_scale = uint8_t(bs_pair);
+  const float d =
+      __low2float(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bs_pair), __NV_E4M3)));
   const bool live = d > 0.f;  // false for 0 and for NaN (a NaN row)
   const float k = live ? __fdiv_rn(g, d) : 0.f;
   // The products are finite where the block is live (|v| <= amax, k finite), so the rounding of
@@ -306,7 +325,7 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   }
   packed = live ? e2m1x4_pair_pack(bytes[0], bytes[1]) : 0u;
   e2m1x8_to_f32(packed, d, rv);
-  return __fdiv_rn(amax, kGlobal);
+  return detail::div_rn_by(amax, kGlobal, kInvNvfp4Global);  // exact: amax >= 2^-100 (div_rn_by)
 }
 
 // Writes elements [n0, n0+8) of row `row` of every checkpoint of the mode from the fp32 values
@@ -361,19 +380,19 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     }
     return 1.f;
   } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
-    uint8_t c[8];
+    uint2 c;
     const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, lanes, c, rv);
     if (store) {
-      store8_bytes(static_cast<uint8_t*>(s.rec) + e, c);
+      *reinterpret_cast<uint2*>(static_cast<uint8_t*>(s.rec) + e) = c;
       if (lane_in_row == 0) s.rec_scale[row] = scale;
     }
     return scale;
   } else {
     float scale;
     if constexpr (kMode == Mode::separate_fp8) {
-      uint8_t c[8];
+      uint2 c;
       scale = encode8_row8bit<true>(v, lanes, c, rv);
-      if (store) store8_bytes(s.read + e, c);
+      if (store) *reinterpret_cast<uint2*>(s.read + e) = c;
     } else {
       uint32_t packed;
       uint8_t bs;
