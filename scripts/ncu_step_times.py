@@ -12,6 +12,10 @@ apart from the timed window's. Usage (docs/cuda.md, "Running on the GPU machine"
         replayssm bench --backend cuda --repeats 1 --flush-cycles 1 --windows 8 \
         --modes separate-fp8 --batches 64 > ncu.csv
     scripts/ncu_step_times.py ncu.csv
+
+`--metric NAME` sums another metric of the same CSV per step instead (collect it with ncu's
+`--metrics gpu__time_duration.sum,NAME`: the time's rows still mark the kernels), e.g.
+`smsp__inst_executed.sum` for warp instructions or `dram__bytes_read.sum`, printed in millions.
 """
 import argparse
 import csv
@@ -31,8 +35,12 @@ def kind(name):
     return None
 
 
-def read_rows(path):
-    """(kernel name, microseconds) in launch order."""
+TIME = "gpu__time_duration.sum"
+
+
+def read_rows(path, metric=TIME):
+    """(kernel name, value) in launch order: microseconds for the time, else millions of the
+    metric's unit."""
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.read().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
@@ -41,12 +49,18 @@ def read_rows(path):
     scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}  # to us
     rows = []
     for r in csv.DictReader(lines[start:]):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
+        if r.get("Metric Name") != metric:
             continue
         unit = r["Metric Unit"]
-        if unit not in scale:
+        if metric != TIME:
+            factor = 1e-6
+        elif unit in scale:
+            factor = scale[unit]
+        else:
             sys.exit(f"ncu_step_times: unknown unit {unit!r} in {path}")
-        rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[unit]))
+        rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * factor))
+    if not rows:
+        sys.exit(f"ncu_step_times: no rows of metric {metric} in {path}")
     return rows
 
 
@@ -68,17 +82,20 @@ def steps(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv", nargs="+", help="ncu --csv output (other lines are skipped)")
+    ap.add_argument("--metric", default=TIME,
+                    help="ncu metric to sum per step (default: the time, in us; others in millions)")
     args = ap.parse_args()
+    unit = "us" if args.metric == TIME else "M"
     for path in args.csv:
         groups = {}
-        for st in steps(read_rows(path)):
+        for st in steps(read_rows(path, args.metric)):
             verify = next((n for k, n, _ in st if k == "verify"), "(no verify)")
             per = {k: sum(us for kk, _, us in st if kk == k) for k in KINDS}
             groups.setdefault(verify, []).append(per)
         print(f"== {path}")
         for verify, per_steps in groups.items():
             print(f"{len(per_steps)} steps with {verify}")
-            print("  us per step    mean  median     min     max")
+            print(f"  {unit + ' per step':12s}   mean  median     min     max")
             for k in KINDS + ("sum",):
                 vals = [sum(p.values()) if k == "sum" else p[k] for p in per_steps]
                 print(f"  {k:10s} {statistics.mean(vals):7.1f} {statistics.median(vals):7.1f} "

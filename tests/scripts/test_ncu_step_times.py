@@ -15,9 +15,9 @@ HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context",
           '"Metric Value"')
 
 
-def row(i, name, ns):
+def row(i, name, ns, metric="gpu__time_duration.sum", unit="ns"):
     return (f'"{i}","1","replayssm","h","{name}","1","16","(128, 1, 1)","(1, 1, 1)","0","9.0",'
-            f'"Command line profiler metrics","gpu__time_duration.sum","ns","{ns}"')
+            f'"Command line profiler metrics","{metric}","{unit}","{ns}"')
 
 
 class StepTimes(unittest.TestCase):
@@ -48,6 +48,30 @@ class StepTimes(unittest.TestCase):
         self.assertAlmostEqual(sum(us for _, _, us in st[1]), 139.0)
         self.assertAlmostEqual(st[2][1][2], 100.0)  # flush of the last step, in us
         self.assertTrue(st[2][2][1].startswith("void verify_kernel<6, unsigned short, 8"))
+
+    def test_other_metric_in_millions(self):
+        names = [
+            ("void validate_tokens_kernel<unsigned short>(ReplayParams)", "4,000", "1,000,000"),
+            ("void flush_kernel<6, unsigned short, 0, 1, 0>(ReplayParams)", "80,000", "52,500,000"),
+            ("void verify_kernel<6, unsigned short, 8, 1, 3, 2>(ReplayParams)", "50,000",
+             "14,000,000"),
+        ]
+        lines = [HEADER]
+        for i, (n, ns, inst) in enumerate(names):
+            lines.append(row(i, n, ns))
+            lines.append(row(i, n, inst, "smsp__inst_executed.sum", "inst"))
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        try:
+            times = nst.steps(nst.read_rows(f.name))
+            inst = nst.steps(nst.read_rows(f.name, "smsp__inst_executed.sum"))
+            with self.assertRaises(SystemExit):
+                nst.read_rows(f.name, "dram__bytes_read.sum")  # not in the CSV
+        finally:
+            os.unlink(f.name)
+        self.assertAlmostEqual(times[0][1][2], 80.0)  # the flush, us
+        self.assertAlmostEqual(inst[0][1][2], 52.5)  # the flush, millions of warp instructions
+        self.assertAlmostEqual(sum(v for _, _, v in inst[0]), 67.5)
 
     def test_kind(self):
         self.assertEqual(nst.kind("void verify_kernel<6, float, 1, 1, 3, 2>(ReplayParams)"),
