@@ -336,10 +336,14 @@ namespace detail {
 // f32_to_e2m1's rounding (f32_to_e2m1_scaled does the same at 2^-6 of the scale): magnitude bits
 // `a` (finite, at most 8) plus M = 2^23 x the grid step of a's binade (biased exponent e, at least
 // 2^0's), whose sum's rounding is the format's; returns the sum and sets `magic` to M's bits.
+// 2^k x the grid step of magnitude bits a's binade (a has no sign bit), as float bits: the step is
+// 2^(e - 127 - 1), e = max(a's exponent, 127), so this is the exponent field of max(a, 1) plus
+// k - 1 (three integer operations).
+RSSM_HD uint32_t e2m1_step_bits(uint32_t a, uint32_t k) {
+  return ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + ((k - 1u) << 23);
+}
 RSSM_HD float e2m1_grid_sum(uint32_t a, uint32_t& magic) {
-  // 2^23 x step = 2^(e - 127 + 22), e = max(a's exponent, 127): the exponent field of max(a, 1)
-  // plus 22 (three integer operations; a has no sign bit)
-  magic = ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + (22u << 23);
+  magic = e2m1_step_bits(a, 23);  // M = 2^23 x step
   return add_rn(bits_f32(a), bits_f32(magic));
 }
 }  // namespace detail
@@ -393,7 +397,7 @@ RSSM_HD float f32_to_e2m1_scaled(float x) {
   // product is exact inside it) is RN(a + M) 2^-6 since every value stays normal (M 2^-6 >= 2^16),
   // and subtracting M 2^-6 is exact (same binade), so r = (RN(a + M) - M) 2^-6 without forming M
   // itself: one integer operation fewer per element than adding M and scaling the difference.
-  const uint32_t magic6 = ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + (16u << 23);
+  const uint32_t magic6 = detail::e2m1_step_bits(a, 17);  // M 2^-6 = 2^17 x step
   const float sum6 = detail::fma_rn(bits_f32(a), 0x1p-6f, bits_f32(magic6));
   const float r = detail::add_rn(sum6, -bits_f32(magic6));
   return bits_f32(f32_bits(r) | (u & 0x80000000u));

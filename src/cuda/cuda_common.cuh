@@ -182,10 +182,20 @@ __device__ __forceinline__ float amax_combine(float m, float a) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
   return r;
 }
-__device__ __forceinline__ float row_amax(float m, int lanes) {
+// The amax of m over the `lanes` lanes of a row (every lane of the warp takes part, whatever
+// its row's values: no exchange sits behind a branch). The exchanges go up from offset 1, so that
+// after the first one `pair` (if given) holds the amax of lanes (lane, lane ^ 1). lanes is 8, 16
+// or 32 (the replay rows: dstate / 8, and cuda_backend.cu admits dstate 64, 128 and 256 only), so
+// the offsets 1, 2 and 4 are always taken; 8 and 16 go through o & (lanes - 1), o while o < lanes
+// and otherwise 0, the lane's own value, which leaves the max as it is. At nemotron-h-8b's dstate
+// (16 lanes) that is one idle exchange instead of a uniform compare and branch around each of
+// five. The max is order independent (amax_combine).
+__device__ __forceinline__ float row_amax(float m, int lanes, float* pair = nullptr) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    if (o < lanes) m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int o = 1; o < 32; o <<= 1) {
+    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o < 8 ? o : o & (lanes - 1)));
+    if (o == 1 && pair != nullptr) *pair = m;
+  }
   return m;
 }
 

@@ -210,24 +210,13 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   return saturated;
 }
 
-// Row amax over the lanes of the row (all lanes of the warp take part, whatever their row's
-// values: no exchange sits behind a branch). The exchanges go up from offset 1, so that after the
-// first one `pair` holds the amax of lane pair (lane, lane ^ 1), an nvfp4 block of 16 elements.
-// lanes = dstate / 8 is 8, 16 or 32 (cuda_backend.cu admits dstate 64, 128 and 256 only), so the
-// offsets 1, 2 and 4 are always taken; 8 and 16 go through o & (lanes - 1), o while o < lanes
-// and otherwise 0, the lane's own value, which leaves the max as it is. At nemotron-h-8b's
-// dstate (16 lanes) that is one idle exchange instead of a uniform compare and branch around
-// each of five. The max is order independent (amax_combine).
+// Row amax of a lane's 8-element chunk over the lanes of the row (cuda_common.cuh's row_amax);
+// `pair`: the amax of the lane pair, an nvfp4 block of 16 elements.
 __device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr) {
   float m = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));  // |.| folds into the max
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o < 8 ? o : o & (lanes - 1)));
-    if (o == 1 && pair != nullptr) *pair = m;
-  }
-  return m;
+  return row_amax(m, lanes, pair);
 }
 
 // Two fp32 values to e4m3 codes (bits 0-7 and 8-15 of the result, the rest 0), round to nearest
