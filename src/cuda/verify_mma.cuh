@@ -54,7 +54,9 @@ constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1E4m3Unscale 
 // one k-step the 32 lanes' columns fall in one or two shared-memory banks (rows of N floats or
 // 16-bit values start in the same bank, and kslot_col's lane term is a multiple of 16 columns),
 // a 16- to 32-way conflict per load (H200, the direct verify at W = 8 batch 64: nvfp4's dots and
-// C fragments phase took 7000 cycles to separate-fp8's 2400).
+// C fragments phase took 7000 cycles to separate-fp8's 2400). The rotation leaves the 8 window
+// columns (g) of one t in one bank: 8-way in the 8-bit layouts, 4-way in nvfp4's direct one
+// (counted per load); starting at (t + g) % steps would make it 2- to 4-way (not measured).
 template <Mode kMode, bool kDirect, typename CAt>
 __device__ __forceinline__ void build_c_fragments_from(const StepSmem& sm, CAt&& c_at, int N, int W,
                                                        int warp) {
