@@ -50,20 +50,23 @@ constexpr float kFragUnscale = kMode == Mode::separate_nvfp4 ? kE2m1E4m3Unscale 
 
 // B fragments of the window's C (rounded to bf16; c_at(j, n) gives C_j[n]) into sm.c_frag, and
 // into sm.c_unscale[j] what turns column j's fp32 results back to code x C units. Warp `warp`;
-// the caller puts a barrier between this and the readout. Lane l starts at k-step l % steps: at
-// one k-step the 32 lanes' columns fall in one or two shared-memory banks (rows of N floats or
-// 16-bit values start in the same bank, and kslot_col's lane term is a multiple of 16 columns),
-// a 16- to 32-way conflict per load (H200, the direct verify at W = 8 batch 64: nvfp4's dots and
-// C fragments phase took 7000 cycles to separate-fp8's 2400). The rotation leaves the 8 window
-// columns (g) of one t in one bank: 8-way in the 8-bit layouts, 4-way in nvfp4's direct one
-// (counted per load); starting at (t + g) % steps would make it 2- to 4-way (not measured).
+// the caller puts a barrier between this and the readout. Lane (g, t) starts at k-step
+// (t + g) % steps. At one k-step the 32 lanes' columns fall in one or two shared-memory banks
+// (rows of N floats or 16-bit values start in the same bank, and kslot_col's lane term is a
+// multiple of 16 columns), a 16- to 32-way conflict per load (H200, the direct verify at W = 8
+// batch 64: nvfp4's dots and C fragments phase took 7000 cycles to separate-fp8's 2400).
+// Counted per load over every k-step: starting at lane % steps left the 8 window columns (g) of
+// one t in one bank, 8-way in the 8-bit layouts; (t + g) % steps spreads them, 2-way for 16-bit
+// C (the raw staging) and 4-way for fp32 C in the 8-bit layouts. nvfp4's direct layout stays
+// 4-way under any start (its bank depends on s % 8 alone). Every fragment gets the same values
+// whatever the order; the amax is a max.
 template <Mode kMode, bool kDirect, typename CAt>
 __device__ __forceinline__ void build_c_fragments_from(const StepSmem& sm, CAt&& c_at, int N, int W,
                                                        int warp) {
   if (int(threadIdx.x / 32) != warp) return;
   constexpr int kStep = kslot_pair_step<kMode>;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, steps = N / 16;
-  const int first = lane % steps;
+  const int first = (t + g) % steps;
   auto step = [&](int i) { return i + first < steps ? i + first : i + first - steps; };
   float amax = 0.f;
   if (g < W)  // window column g (rows of C exist for g < W only)
