@@ -318,6 +318,95 @@ TEST(DivRnBy, MatchesDivisionWhereverTheQuotientIsNormal) {
   }
 }
 
+// The CUDA flush's divisions from an approximate reciprocal (detail::rcp_approx: MUFU.RCP on the
+// device, at most 1 ulp from 1 / y; RN(1 / y) here). Each is checked with every reciprocal within
+// kRcpSlack ulps of RN(1 / y), so that it holds for whatever value the device's MUFU.RCP gives.
+constexpr int kRcpSlack = 2;
+float ulps_from(float x, int k) { return from_bits(f32_bits(x) + uint32_t(k)); }  // x > 0 normal
+
+// k = g / d of encode8_nvfp4: d a positive finite e4m3 value (the block scale), g = RN(2688 /
+// amax) of a live row (2^-100 <= amax <= FLT_MAX). d's significand is one of 1 + m / 8 (the
+// subnormals' too), and wherever the values stay normal the result depends only on the
+// significands of g and d and on the reciprocal's offset: so every significand of g against each
+// of the 8, every reciprocal of the window (and ones 120 ulps off, inside the method's margin);
+// then every d at every binade of g's range, 1024 significands each, and 65536 at its ends.
+TEST(DivRnByE4m3, MatchesDivisionForEveryBlockScale) {
+  const float g_lo = 2688.f / 0x1.fffffep127f, g_hi = 2688.f / 0x1p-100f;
+  const uint32_t e_lo = f32_bits(g_lo) >> 23, e_hi = f32_bits(g_hi) >> 23;
+  ASSERT_EQ(e_lo, 127u - 117u);
+  ASSERT_EQ(e_hi, 127u + 111u);
+  int64_t checked = 0;
+  auto check = [&](float g, float d, float r) {
+    const float got = detail::div_rn_by(g, d, r), want = g / d;
+    if (f32_bits(got) != f32_bits(want)) {
+      ADD_FAILURE() << std::hexfloat << g << " / " << d << " with r = " << r << ": " << got
+                    << " vs " << want;
+      return false;
+    }
+    ++checked;
+    return true;
+  };
+  for (uint32_t m = 0; m < 8; ++m) {
+    const float d = 1.f + float(m) / 8.f, r = 1.f / d;
+    for (int o = -kRcpSlack; o <= kRcpSlack; ++o)
+      for (uint32_t s = 0; s < 0x800000u; ++s)
+        if (!check(from_bits(0x3f800000u | s), d, ulps_from(r, o))) return;
+    for (const int o : {-120, -60, 60, 120}) {
+      ASSERT_LT(std::fabs(double(ulps_from(r, o)) * d - 1.0), 0x1p-16);  // the stated margin
+      for (uint32_t s = 0; s < 0x800000u; s += 127)
+        if (!check(from_bits(0x3f800000u | s), d, ulps_from(r, o))) return;
+    }
+  }
+  int live_scales = 0;
+  for (uint32_t code = 1; code < 0x7f; ++code) {
+    const float d = e4m3_to_f32(uint8_t(code)), r = 1.f / d;
+    ++live_scales;
+    for (uint32_t e = e_lo; e <= e_hi; ++e) {
+      const bool end = e <= e_lo + 1 || e == e_hi;
+      const uint32_t step = end ? 128u : 8191u;
+      for (uint32_t s = 0; s < 0x800000u; s += step)
+        for (int o = -kRcpSlack; o <= kRcpSlack; o += (end ? kRcpSlack : 1))
+          if (!check(from_bits((e << 23) | s), d, ulps_from(r, o))) return;
+    }
+    // The device's helper as the host compiles it (the exact reciprocal).
+    for (const float g : {g_lo, g_hi, 1.f, 0x1.fffffep0f})
+      ASSERT_EQ(f32_bits(detail::div_rn_by_e4m3(g, d)), f32_bits(g / d)) << code;
+  }
+  EXPECT_EQ(live_scales, 126);
+  EXPECT_GT(checked, int64_t(40) * (1 << 23));
+}
+
+// g = RN(2688 / amax) of encode8_nvfp4 (nvfp4_global_factor): live rows have 2^-100 <= amax <=
+// FLT_MAX. Every significand of a divisor in [1, 2) with every starting reciprocal of the window
+// (the result depends on these alone while every value stays normal), every significand of the
+// extreme binades of amax, and 4096 of every binade between.
+TEST(NvfpGlobalFactor, MatchesDivisionForEveryLiveAmax) {
+  ASSERT_EQ(kNvfp4GlobalScaled, 2688.f / 16384.f);
+  int64_t checked = 0;
+  auto check = [&](float amax, int o) {
+    const float b = amax * 0x1p-14f;
+    const float got = detail::div_rn_refined(kNvfp4GlobalScaled, b, ulps_from(1.f / b, o));
+    const float want = 2688.f / amax;
+    if (f32_bits(got) != f32_bits(want)) {
+      ADD_FAILURE() << std::hexfloat << "amax " << amax << " r0 offset " << o << ": " << got
+                    << " vs " << want;
+      return false;
+    }
+    ++checked;
+    return true;
+  };
+  const uint32_t lo = 127u - 100u, hi = 254u;
+  for (uint32_t e = lo; e <= hi; ++e) {
+    const bool full = e == lo || e == 127u + 14u || e >= hi - 1;  // 2^14: divisor in [1, 2)
+    for (uint32_t s = 0; s < 0x800000u; s += full ? 1u : 2047u)
+      for (int o = -kRcpSlack - 1; o <= kRcpSlack + 1; ++o)
+        if (!check(from_bits((e << 23) | s), o)) return;
+  }
+  for (const float amax : {0x1p-100f, 0x1.fffffep127f, 1.f, 3.f})
+    ASSERT_EQ(f32_bits(nvfp4_global_factor(amax)), f32_bits(2688.f / amax)) << amax;
+  EXPECT_GT(checked, int64_t(20) * (1 << 23));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Round-to-nearest-even on every tie between adjacent positive finite values (and mirrored).
 

@@ -86,6 +86,38 @@ RSSM_HD float div_rn_by(float a, float y, float r) {
   return fma_rn(fma_rn(-q, y, a), r, q);
 }
 
+// An approximation of 1 / y for a normal y with a normal reciprocal: the device's MUFU.RCP
+// (rcp.approx.ftz.f32, at most 1 ulp from 1 / y by the PTX ISA), one instruction; RN(1 / y) on
+// the host. Its callers round their results correctly from any value within 2 ulps of RN(1 / y)
+// (test_formats tries each such value), so host and device give the same bits.
+RSSM_HD float rcp_approx(float y) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  return r;
+#else
+  return 1.f / y;
+#endif
+}
+
+// a / y rounded to nearest for a y whose significand has at most 4 bits (an e4m3 value's), from
+// any r with |r y - 1| < 2^-16: div_rn_by's product, exact remainder and correction. The
+// remainder a - q y is a multiple of ulp(q) x ulp(y) below 15 k of them for q within k ulps, so
+// it is exact; a / y lies at least ulp(q) / 30 from a rounding midpoint (a - M y is a nonzero
+// multiple of ulp(q) ulp(y) / 2 for a midpoint M), and the corrected sum is off by
+// |a / y - q| |r y - 1| < ulp(q) / 60 of it, so it rounds as a / y does. It equals div_rn(a, y)
+// wherever a, q and the quotient are normal (test_formats: every positive finite e4m3 y).
+RSSM_HD float div_rn_by_e4m3(float a, float y) { return div_rn_by(a, y, rcp_approx(y)); }
+
+// a / b rounded to nearest from an approximation r0 of 1 / b: one Newton step refines r0, then
+// div_rn_by's product, remainder and correction (__fdiv_rn's fast path without its operand
+// range check and slow path). Equals div_rn(a, b) for every r0 within 3 ulps of RN(1 / b)
+// where every intermediate is normal, for the a of nvfp4_global_factor (test_formats: every
+// significand of b).
+RSSM_HD float div_rn_refined(float a, float b, float r0) {
+  return div_rn_by(a, b, fma_rn(r0, fma_rn(-b, r0, 1.f), r0));
+}
+
 RSSM_HD float abs_f32(float x) { return bits_f32(f32_bits(x) & 0x7fffffffu); }
 
 // min(|x|, c), IEEE minNum (c for NaN x) on both sides: one FMNMX with the |.| modifier on the
@@ -488,6 +520,18 @@ RSSM_HD float encode_row_int8(const float* row /*[n]*/, int n, int8_t* codes /*[
 // out[i] = float(codes[i]) * scale (the conversion is exact, one rounding).
 RSSM_HD void decode_row_int8(const int8_t* codes /*[n]*/, float scale, int n, float* out /*[n]*/) {
   for (int i = 0; i < n; ++i) out[i] = detail::mul_rn(static_cast<float>(codes[i]), scale);
+}
+
+// nvfp4's global factor g = div_rn(2688, amax) for a live row's amax (finite, at least 2^-100),
+// as the CUDA flush computes it: both operands scaled by 2^-14 (exact) so that 1 / (amax 2^-14)
+// is normal up to the largest float, then div_rn_refined from rcp_approx. Every intermediate is
+// normal over that range (the quotient is at least 2^-117 and the remainder scales with neither
+// operand), so each result is a scaled copy of one for a divisor in [1, 2) (test_formats: every
+// significand there, and every one of the extreme binades of amax).
+inline constexpr float kNvfp4GlobalScaled = kE4m3Max * kE2m1Max * 0x1p-14f;  // 2688 x 2^-14
+RSSM_HD float nvfp4_global_factor(float amax) {
+  const float b = detail::mul_rn(amax, 0x1p-14f);
+  return detail::div_rn_refined(kNvfp4GlobalScaled, b, detail::rcp_approx(b));
 }
 
 // NVFP4 (n a multiple of 16). Float-op order:

@@ -283,7 +283,9 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
     return 0.f;
   }
   constexpr float kGlobal = kE4m3Max * kE2m1Max;
-  const float g = __fdiv_rn(kGlobal, amax);
+  // = __fdiv_rn(kGlobal, amax) without its range check and slow path: amax is finite (sanitize8)
+  // and at least 2^-100 here (formats.h nvfp4_global_factor).
+  const float g = nvfp4_global_factor(amax);
   // bm / 6 by div_rn_by: exact where the quotient is normal (bm >= 2^-125). Below that both
   // quotients are under 2^-126 and s = quotient x g under 2^-126 x 2^111.4 (g <= 2688 / 2^-100,
   // the smallest amax of a live row), far below half the smallest e4m3 value 2^-9: the block
@@ -297,7 +299,10 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   const float d =
       __low2float(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bs_pair), __NV_E4M3)));
   const bool live = d > 0.f;  // false for 0 and for NaN (a NaN row)
-  const float k = live ? __fdiv_rn(g, d) : 0.f;
+  // = __fdiv_rn(g, d): d is a positive e4m3 value and g, k are normal (formats.h
+  // div_rn_by_e4m3). Where the block is not live the quotient may be NaN (d = 0 or NaN): the
+  // select discards it, and nothing traps on the device.
+  const float k = live ? detail::div_rn_by_e4m3(g, d) : 0.f;
   // The products are finite where the block is live (|v| <= amax, k finite), so the rounding of
   // f32_to_e2m1_scaled is f32_to_e2m1's; the e4m3 conversions of its values are exact, two per
   // instruction, and the codes come out of the bytes' bit fields (formats.h).
