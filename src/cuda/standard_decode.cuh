@@ -52,19 +52,35 @@ struct StandardDecodeParams {
   int64_t token_bytes_bc, token_bytes_x, token_bytes_y, token_bytes_state;
 };
 
-template <typename StateT>
+// 16 bytes at dst; kStream: st.global.cs (evict first: T > 1's intermediate states are written once
+// and not read again by the kernel). The same bytes either way.
+template <bool kStream>
+__device__ __forceinline__ void store16(void* dst, uint4 raw) {
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<uint4*>(dst), raw);
+  else
+    *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+template <typename StateT, bool kStream = false>
 __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], bool sr,
                                              const StandardDecodeParams& p, uint64_t element,
                                              uint64_t request, uint32_t flush) {
   if constexpr (sizeof(StateT) == 4) {
-    store8_f32(reinterpret_cast<float*>(dst), s);
+    if constexpr (kStream) {
+      float4* f = reinterpret_cast<float4*>(dst);
+      __stcs(f, make_float4(s[0], s[1], s[2], s[3]));
+      __stcs(f + 1, make_float4(s[4], s[5], s[6], s[7]));
+    } else {
+      store8_f32(reinterpret_cast<float*>(dst), s);
+    }
   } else if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
     // cvt.rn.bf16x2.f32: the same bits as f32_to_bf16 (nearest even) for every finite value.
     uint4 raw;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
-    *reinterpret_cast<uint4*>(dst) = raw;
+    store16<kStream>(dst, raw);
   } else {
     uint16_t v[8];
     if (sr) {
@@ -73,14 +89,22 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
       const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
-      store8_u16(dst, v);
+      if constexpr (kStream) {
+        uint4 raw;
+        uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) h[k] = v[k];
+        store16<true>(dst, raw);
+      } else {
+        store8_u16(dst, v);
+      }
     } else {
       // cvt.rn.f16x2.f32: the same bits as f32_to_f16 (nearest even, overflow to Inf).
       uint4 raw;
       __half2* h = reinterpret_cast<__half2*>(&raw);
 #pragma unroll
       for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(s[2 * i], s[2 * i + 1]);
-      *reinterpret_cast<uint4*>(dst) = raw;
+      store16<kStream>(dst, raw);
     }
   }
 }
@@ -300,8 +324,8 @@ __device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParam
               float v[8];
 #pragma unroll
               for (int j = 0; j < 8; ++j) v[j] = s[r][8 * i + j];
-              store_state8<StateT>(ip + r * kRowStride + 8 * i, v, p.stochastic_rounding, p,
-                                   element + r * kRowStride + 8 * i, uint64_t(slot), p.step);
+              store_state8<StateT, true>(ip + r * kRowStride + 8 * i, v, p.stochastic_rounding, p,
+                                         element + r * kRowStride + 8 * i, uint64_t(slot), p.step);
             }
           }
         }
