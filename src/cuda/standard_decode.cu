@@ -27,8 +27,11 @@ void check_shape(const TensorView& v, const char* name, std::initializer_list<in
 // T = 8; 2 rows 96 registers, 5 blocks, 72-73% and 80-81% (session 20).
 template <typename StateT, typename ActT>
 void launch(StandardDecodeParams p, cudaStream_t stream) {
-  constexpr int kThreads = 128, kWide = 32 / sizeof(StateT);
+  constexpr int kThreads = cuda::kStandardThreads, kWide = 32 / sizeof(StateT);
   constexpr int kRowsOne = 4, kRowsMany = sizeof(StateT) == 2 ? 2 : 4;
+  p.token_bytes_bc = int64_t(p.ngroups) * p.dstate * int64_t(sizeof(ActT));
+  p.token_bytes_x = int64_t(p.nheads) * p.headdim * int64_t(sizeof(ActT));
+  p.token_bytes_state = int64_t(p.nheads) * p.headdim * p.dstate * int64_t(sizeof(StateT));
   auto run = [&]<int kElems>() {
     const int rows = p.tokens == 1 ? kRowsOne : kRowsMany;
     p.lanes_per_row = p.dstate / kElems;
@@ -123,6 +126,7 @@ void cuda_standard_decode(const SsmShape& shape, const LayerParams& params,
   p.headdim = P;
   p.dstate = N;
   p.ngroups = G;
+  p.token_bytes_y = int64_t(H) * P * int64_t(dtype_size(y.dtype));
   p.stochastic_rounding = config.stochastic_rounding;
   p.sr_bits = config.sr_bits;
   p.philox_rounds = config.philox_rounds;

@@ -25,6 +25,9 @@
 
 namespace replayssm::cuda {
 
+// Threads of a standard-decode block (the launcher's block size).
+inline constexpr int kStandardThreads = 128;
+
 struct StandardDecodeParams {
   void* state;           // [S, H, P, N] state dtype
   const int32_t* slots;  // [B]
@@ -44,21 +47,40 @@ struct StandardDecodeParams {
   U32x2 key;
   uint32_t step;
   HeadParams head;
+  // T > 1 (after head, so that the offsets of the fields above stay those the T == 1 kernels
+  // were tuned with): bytes from one token's B and C, x, y, intermediate state to the next one's.
+  int64_t token_bytes_bc, token_bytes_x, token_bytes_y, token_bytes_state;
 };
 
-template <typename StateT>
+// 16 bytes at dst; kStream: st.global.cs (evict first: T > 1's intermediate states are written once
+// and not read again by the kernel). The same bytes either way.
+template <bool kStream>
+__device__ __forceinline__ void store16(void* dst, uint4 raw) {
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<uint4*>(dst), raw);
+  else
+    *reinterpret_cast<uint4*>(dst) = raw;
+}
+
+template <typename StateT, bool kStream = false>
 __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], bool sr,
                                              const StandardDecodeParams& p, uint64_t element,
                                              uint64_t request, uint32_t flush) {
   if constexpr (sizeof(StateT) == 4) {
-    store8_f32(reinterpret_cast<float*>(dst), s);
+    if constexpr (kStream) {
+      float4* f = reinterpret_cast<float4*>(dst);
+      __stcs(f, make_float4(s[0], s[1], s[2], s[3]));
+      __stcs(f + 1, make_float4(s[4], s[5], s[6], s[7]));
+    } else {
+      store8_f32(reinterpret_cast<float*>(dst), s);
+    }
   } else if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
     // cvt.rn.bf16x2.f32: the same bits as f32_to_bf16 (nearest even) for every finite value.
     uint4 raw;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
-    *reinterpret_cast<uint4*>(dst) = raw;
+    store16<kStream>(dst, raw);
   } else {
     uint16_t v[8];
     if (sr) {
@@ -67,14 +89,22 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
       const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
-      store8_u16(dst, v);
+      if constexpr (kStream) {
+        uint4 raw;
+        uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) h[k] = v[k];
+        store16<true>(dst, raw);
+      } else {
+        store8_u16(dst, v);
+      }
     } else {
       // cvt.rn.f16x2.f32: the same bits as f32_to_f16 (nearest even, overflow to Inf).
       uint4 raw;
       __half2* h = reinterpret_cast<__half2*>(&raw);
 #pragma unroll
       for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(s[2 * i], s[2 * i + 1]);
-      *reinterpret_cast<uint4*>(dst) = raw;
+      store16<kStream>(dst, raw);
     }
   }
 }
@@ -99,6 +129,16 @@ struct TokenInputs {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) x[r] = valid[r] ? xs[rows[r]] : ActT(0.f);
     dt = p.dt[bt * p.nheads + h];
+  }
+
+  // T > 1: B, C and x from pointers that the token loop advances (dt is not used there).
+  __device__ __forceinline__ void load(const ActT* b, const ActT* c, const ActT* const (&xs)[kRows],
+                                       const bool (&valid)[kRows]) {
+#pragma unroll
+    for (int i = 0; i < int(kElems * sizeof(ActT) / 16); ++i)
+      B[i] = reinterpret_cast<const uint4*>(b)[i], C[i] = reinterpret_cast<const uint4*>(c)[i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) x[r] = valid[r] ? *xs[r] : ActT(0.f);
   }
 };
 
@@ -141,10 +181,183 @@ __device__ __forceinline__ void store_row_outputs(const StandardDecodeParams& p,
   }
 }
 
+// Eight values from the raw words of type T at raw (16 or 32 bytes). bf16: the bits of
+// __bfloat162float by one shift or mask per value (the generic conversion extracts each upper half
+// first: two instructions).
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4* raw, float (&out)[8]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t w[4] = {raw->x, raw->y, raw->z, raw->w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+    load8(reinterpret_cast<const T*>(raw), out);
+  }
+}
+
+// ptr moved on by `bytes`.
+template <typename T>
+__device__ __forceinline__ void advance(T*& ptr, int64_t bytes) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  ptr = reinterpret_cast<T*>(reinterpret_cast<Byte*>(ptr) + bytes);
+}
+
+// The token loop of T > 1 (kOneToken false), from the thread's rows of the state in s. The same
+// fp32 operations per element, in the same order, as the T == 1 loop of standard_decode_kernel;
+// what differs is their bookkeeping:
+// - each token's inputs, y and intermediate state are reached through pointers formed once and
+//   advanced by the launcher's per-token strides; the thread's rows are kThreads * kElems
+//   elements apart in a state (a compile-time offset);
+// - the decays: lane k of each warp forms delta and exp(delta A) of token t0 + k once for 32
+//   tokens, and every token takes its pair by two shuffles (instead of loading dt and evaluating
+//   softplus and exp in every thread and token);
+// - the lane that stores y of a row, its output pointer and the output type are settled once
+//   (the loop is instantiated for each y dtype).
+template <typename StateT, typename ActT, int kElems, int kRows, int kThreads>
+__device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParams& p,
+                                                       float (&s)[kRows][kElems], int b, int h,
+                                                       int g, int slot, int lane_in_row, int lanes,
+                                                       const int (&rows)[kRows],
+                                                       const bool (&valid)[kRows]) {
+  constexpr int kRowStride = kThreads * kElems;  // rows[r + 1] * N - rows[r] * N
+  const int P = p.headdim, N = p.dstate, H = p.nheads, T = p.tokens;
+  const int n0 = lane_in_row * kElems;
+  const int64_t bt0 = int64_t(b) * T;
+
+  const ActT* Bp = static_cast<const ActT*>(p.B) + (bt0 * p.ngroups + g) * N + n0;
+  const ActT* Cp = static_cast<const ActT*>(p.C) + (bt0 * p.ngroups + g) * N + n0;
+  const ActT* xp[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    xp[r] = static_cast<const ActT*>(p.x) + (bt0 * H + h) * P + (valid[r] ? rows[r] : 0);
+
+  // y: lanes >= kRows: lane_in_row / (lanes / kRows) is the row whose sum the lane ends with
+  // (row_sum_values), and the first lane of each such group stores it; fewer lanes: every row's
+  // sum is in every lane and lane 0 stores all kRows (rows_per_pass apart).
+  const bool halving = lanes >= kRows;
+  const int mine = halving ? lane_in_row / (lanes / kRows) : 0;
+  bool mine_valid = false;
+  int mine_row = rows[0];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)  // compile-time indices only (registers, no local memory)
+    if (r == mine) mine_valid = valid[r], mine_row = rows[r];
+  const bool y_lane = halving ? lane_in_row % (lanes / kRows) == 0 && mine_valid : lane_in_row == 0;
+  const int y_row_step = kThreads / lanes;  // rows_per_pass
+
+  StateT* ip =
+      static_cast<StateT*>(p.intermediate) + ((bt0 * H + h) * P + rows[0]) * int64_t(N) + n0;
+  // SR counter of the CPU reference: element = t * H*P*N + (h*P + p)*N + n, flush = step.
+  uint64_t element = (uint64_t(h) * P + rows[0]) * N + n0;
+
+  const float A = p.head.A[h], D = p.head.D[h];
+  const int lane = threadIdx.x % 32;
+  with_output_type(p.y, p.y_dtype, [&](auto* y) {
+    using YT = std::remove_pointer_t<decltype(y)>;
+    YT* yp = y + (bt0 * H + h) * P + mine_row;
+    TokenInputs<ActT, kElems, kRows> in;
+    in.load(Bp, Cp, xp, valid);
+    for (int t0 = 0; t0 < T; t0 += 32) {
+      float delta_lane = 0.f, a_lane = 0.f;  // of token t0 + lane
+      if (t0 + lane < T) {
+        delta_lane = process_dt(p.dt[(bt0 + t0 + lane) * H + h], p.head.dt_bias[h], p.head.dt_min,
+                                p.head.dt_max);
+        a_lane = expf(delta_lane * A);
+      }
+      const int tokens = min(T - t0, 32);
+      for (int k = 0; k < tokens; ++k) {
+        const TokenInputs<ActT, kElems, kRows> cur = in;
+        if (t0 + k + 1 < T) {  // the next token's inputs, during this token
+          advance(Bp, p.token_bytes_bc), advance(Cp, p.token_bytes_bc);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) advance(xp[r], p.token_bytes_x);
+          in.load(Bp, Cp, xp, valid);
+        }
+        const float delta = __shfl_sync(0xffffffffu, delta_lane, k);
+        const float a = __shfl_sync(0xffffffffu, a_lane, k);
+        float dx[kRows], skip[kRows], acc[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float xv = to_f32(cur.x[r]);
+          dx[r] = delta * xv;
+          skip[r] = D * xv;
+          acc[r] = 0.f;
+        }
+#pragma unroll
+        for (int c = 0; c < kElems / 8; ++c) {
+          float Bv[8], Cv[8];
+          unpack8<ActT>(cur.B + c * 8 * sizeof(ActT) / 16, Bv);
+          unpack8<ActT>(cur.C + c * 8 * sizeof(ActT) / 16, Cv);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              float& v = s[r][8 * c + i];
+              v = a * v + dx[r] * Bv[i];
+              acc[r] += v * Cv[i];
+            }
+          }
+        }
+        if (halving) {
+          const float total = row_sum_values<kRows>(acc, lane_in_row, lanes);
+          float skip_mine = skip[0];
+#pragma unroll
+          for (int r = 1; r < kRows; ++r)
+            if (r == mine) skip_mine = skip[r];
+          if (y_lane) *yp = output_from_f32<YT>(total + skip_mine);
+        } else {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const float total = row_sum(acc[r], lanes);
+            if (lane_in_row == 0 && valid[r])
+              yp[r * y_row_step] = output_from_f32<YT>(total + skip[r]);
+          }
+        }
+        advance(yp, p.token_bytes_y);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (valid[r]) {
+#pragma unroll
+            for (int i = 0; i < kElems / 8; ++i) {
+              float v[8];
+#pragma unroll
+              for (int j = 0; j < 8; ++j) v[j] = s[r][8 * i + j];
+              store_state8<StateT, true>(ip + r * kRowStride + 8 * i, v, p.stochastic_rounding, p,
+                                         element + r * kRowStride + 8 * i, uint64_t(slot), p.step);
+            }
+          }
+        }
+        advance(ip, p.token_bytes_state);
+        element += p.token_bytes_state / sizeof(StateT);
+      }
+    }
+  });
+}
+
+// Resident blocks per SM that the T > 1 kernel is compiled for (__launch_bounds__; 0: ptxas's
+// choice). Left to itself, ptxas gives some token loops more registers than they had before their
+// per-token bookkeeping was cut; these keep the blocks they had then, without spills: bf16 state
+// with 16-bit activations 96 registers (5 blocks) at 16 values per lane, 64 (8) at 8 (dstate 8);
+// fp32 state with 16-bit activations 96 (5). (bf16 state, fp32 activations, dstate 8: 72
+// registers before, now 95 by ptxas's choice; 7 blocks would spill 72 bytes and 6 8 bytes.)
+template <typename StateT, typename ActT, int kElems>
+constexpr int standard_tokens_min_blocks() {
+  constexpr bool act16 = sizeof(ActT) == 2;
+  if constexpr (std::is_same_v<StateT, float>) return act16 ? 5 : 0;
+  if constexpr (std::is_same_v<StateT, __nv_bfloat16>) return act16 ? (kElems == 16 ? 5 : 8) : 0;
+  return 0;
+}
+
 // kOneToken: T == 1 known at compile time, so nothing lives across tokens (bf16 state, 16 values
-// per lane and row: 124 registers instead of 168, 4 resident blocks per SM instead of 3).
+// per lane and row: 124 registers instead of 168, 4 resident blocks per SM instead of 3). T > 1
+// runs standard_decode_tokens after the state load; the token loop below serves T == 1 only.
 template <typename StateT, typename ActT, int kElems, int kRows, bool kOneToken>
-__global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDecodeParams p) {
+__global__ void __launch_bounds__(kStandardThreads,
+                                  kOneToken ? 0
+                                            : standard_tokens_min_blocks<StateT, ActT, kElems>())
+    standard_decode_kernel(const StandardDecodeParams p) {
   constexpr int kChunks = kElems * sizeof(StateT) / 16;  // 16-byte words of state per lane and row
   static_assert(kElems % 8 == 0 && (kChunks == 1 || kChunks == 2), "16 or 32 bytes per lane");
   const int blk = blockIdx.x;
@@ -182,6 +395,12 @@ __global__ void __launch_bounds__(128) standard_decode_kernel(const StandardDeco
 #pragma unroll
       for (int i = 0; i < kElems; ++i) s[r][i] = 0.f;
     }
+  }
+
+  if constexpr (!kOneToken) {
+    standard_decode_tokens<StateT, ActT, kElems, kRows, kStandardThreads>(
+        p, s, b, h, g, slot, lane_in_row, lanes, rows, valid);
+    return;
   }
 
   const float A = p.head.A[h], D = p.head.D[h];
