@@ -336,23 +336,30 @@ __device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParam
   });
 }
 
+// Whether T > 1 takes standard_decode_tokens: bf16 states only. H200, session 24, against the
+// loop below in the same call (bench/results/2026-12-01-h200-session24.md): bf16 T = 4 batch 64
+// 229.9 -> 212.6 us (72.0 -> 77.9% of the copy bandwidth), batch 256 910.7 -> 829.0 (72.7 ->
+// 79.9%), T = 8 372.4 -> 361.2; but fp32 T = 4 371.4 -> 401.1 (88.6 -> 82.0%) and T = 8 694.7 ->
+// 729.2, so fp32 (and fp16, not measured) states keep the loop below and their code of before.
+template <typename StateT>
+constexpr bool standard_uses_token_loop() {
+  return std::is_same_v<StateT, __nv_bfloat16>;
+}
+
 // Resident blocks per SM that the T > 1 kernel is compiled for (__launch_bounds__; 0: ptxas's
-// choice). Left to itself, ptxas gives some token loops more registers than they had before their
-// per-token bookkeeping was cut; these keep the blocks they had then, without spills: bf16 state
-// with 16-bit activations 96 registers (5 blocks) at 16 values per lane, 64 (8) at 8 (dstate 8);
-// fp32 state with 16-bit activations 96 (5). (bf16 state, fp32 activations, dstate 8: 72
-// registers before, now 95 by ptxas's choice; 7 blocks would spill 72 bytes and 6 8 bytes.)
+// choice). Left to itself, ptxas gives some of standard_decode_tokens's loops more registers than
+// the loop below had; these keep the blocks they had, without spills: 96 registers (5 blocks) with
+// 16-bit activations at 16 values per lane, 64 (8) at 8 (dstate 8). (fp32 activations at dstate
+// 8: 72 registers before, now 95 by ptxas's choice; 7 blocks would spill 72 bytes and 6 8 bytes.)
 template <typename StateT, typename ActT, int kElems>
 constexpr int standard_tokens_min_blocks() {
-  constexpr bool act16 = sizeof(ActT) == 2;
-  if constexpr (std::is_same_v<StateT, float>) return act16 ? 5 : 0;
-  if constexpr (std::is_same_v<StateT, __nv_bfloat16>) return act16 ? (kElems == 16 ? 5 : 8) : 0;
-  return 0;
+  if constexpr (!standard_uses_token_loop<StateT>()) return 0;
+  return sizeof(ActT) == 2 ? (kElems == 16 ? 5 : 8) : 0;
 }
 
 // kOneToken: T == 1 known at compile time, so nothing lives across tokens (bf16 state, 16 values
 // per lane and row: 124 registers instead of 168, 4 resident blocks per SM instead of 3). T > 1
-// runs standard_decode_tokens after the state load; the token loop below serves T == 1 only.
+// with a bf16 state runs standard_decode_tokens after the state load.
 template <typename StateT, typename ActT, int kElems, int kRows, bool kOneToken>
 __global__ void __launch_bounds__(kStandardThreads,
                                   kOneToken ? 0
@@ -397,7 +404,7 @@ __global__ void __launch_bounds__(kStandardThreads,
     }
   }
 
-  if constexpr (!kOneToken) {
+  if constexpr (!kOneToken && standard_uses_token_loop<StateT>()) {
     standard_decode_tokens<StateT, ActT, kElems, kRows, kStandardThreads>(
         p, s, b, h, g, slot, lane_in_row, lanes, rows, valid);
     return;
