@@ -216,6 +216,9 @@ __device__ __forceinline__ void advance(T*& ptr, int64_t bytes) {
 //   softplus and exp in every thread and token);
 // - the lane that stores y of a row, its output pointer and the output type are settled once
 //   (the loop is instantiated for each y dtype).
+// Its per-token math repeats the loop of standard_decode_kernel on purpose: one shared function
+// for both moved register allocation and scheduling in 16 of the 30 kernels, those measured
+// included (wip/std-token-step, not yet run on a GPU).
 template <typename StateT, typename ActT, int kElems, int kRows, int kThreads>
 __device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParams& p,
                                                        float (&s)[kRows][kElems], int b, int h,
