@@ -1,5 +1,6 @@
 // The `replayssm` program as users run it: exit codes, one-line errors, --help everywhere, both
 // mode vocabularies, and trace gen -> run -> check through files.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -303,6 +304,30 @@ TEST_F(Cli, PlanCountsBytesAndRequests) {
   EXPECT_EQ(rows["shared-fp8"]["requests"].get<int64_t>(), int64_t(10e9 / per_request));
   EXPECT_EQ(run("plan --model nope").code, 1);
   EXPECT_EQ(run("plan --mode separate-nvfp4 --model falcon-h1-7b").code, 0);
+}
+
+// bench -o json prints its document only at the end; stderr carries the copy bandwidth and each
+// row as it is measured, with what a run stopped by a time limit needs to be read (time, bytes,
+// bandwidth), and the same numbers as the JSON.
+TEST_F(Cli, BenchJsonRowsOnStderr) {
+  const Result r =
+      run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
+          "--flush-cycles 1 -o json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_NE(r.err.find(fmt::format("copy bandwidth {:.0f} GB/s", j["copy_gb_per_s"].get<double>())),
+            std::string::npos)
+      << r.err;
+  ASSERT_EQ(j["rows"].size(), 3u);  // 2 standard + fp32
+  for (const auto& row : j["rows"]) {
+    const std::string line = fmt::format(
+        "[bench] {}, batch 2, W 1: {:.1f} us/step, {:.1f} MB/step, {:.0f} GB/s, {:.1f}% of copy "
+        "bandwidth\n",
+        row["name"].get<std::string>(), row["us_per_step"].get<double>(),
+        row["modelled_bytes_per_step"].get<double>() / 1e6, row["gb_per_s"].get<double>(),
+        100.0 * row["gb_per_s"].get<double>() / j["copy_gb_per_s"].get<double>());
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << " in\n" << r.err;
+  }
 }
 
 // bench on the CPU: every configuration is timed (positive, finite), the modelled bytes of the

@@ -340,10 +340,14 @@ void check_against_cpu(Context& cx, Mode mode, int W) {
 double speedup_over(double base_us, double us) { return base_us > 0 ? base_us / us : 0.0; }
 
 // md and csv go out row by row, flushed: a long run shows its progress, and a run stopped by a
-// time limit keeps every row it measured. json is one document at the end (print_json); its rows
-// are reported on stderr as they are measured.
+// time limit keeps every row it measured. json is one document at the end (print_json); the copy
+// bandwidth and each row (time, bytes, bandwidth) are reported on stderr as they are measured.
 void print_header(const BenchArgs& a, const Context& cx) {
-  if (a.format == "json") return;
+  if (a.format == "json") {
+    fmt::print(stderr, "[bench] {}, copy bandwidth {:.0f} GB/s (read + write)\n", cx.device,
+               cx.copy_gbs);
+    return;
+  }
   if (a.format == "csv") {
     fmt::print(
         "name,batch,window,us_per_step,us_per_token,modelled_bytes_per_step,gb_per_s,"
@@ -378,8 +382,11 @@ void print_header(const BenchArgs& a, const Context& cx) {
 void print_row(const BenchArgs& a, const Context& cx, const Row& r) {
   const double gbs = r.bytes / r.us * 1e-3;
   if (a.format == "json") {
-    fmt::print(stderr, "[bench] {}, batch {}, W {}: {:.1f} us/step\n", r.name, r.batch, r.window,
-               r.us);
+    // Everything a stopped run needs to be read without its JSON (scripts grep these lines).
+    fmt::print(stderr,
+               "[bench] {}, batch {}, W {}: {:.1f} us/step, {:.1f} MB/step, {:.0f} GB/s, {:.1f}% "
+               "of copy bandwidth\n",
+               r.name, r.batch, r.window, r.us, r.bytes / 1e6, gbs, 100.0 * gbs / cx.copy_gbs);
   } else if (a.format == "csv") {
     fmt::print("{},{},{},{:.3f},{:.4f},{:.0f},{:.2f},{:.4f},{:.3f},{:.3f}\n", r.name, r.batch,
                r.window, r.us, r.us / r.tokens, r.bytes, gbs, gbs / cx.copy_gbs,
