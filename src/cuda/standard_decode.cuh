@@ -67,13 +67,9 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
                                              const StandardDecodeParams& p, uint64_t element,
                                              uint64_t request, uint32_t flush) {
   if constexpr (sizeof(StateT) == 4) {
-    if constexpr (kStream) {
-      float4* f = reinterpret_cast<float4*>(dst);
-      __stcs(f, make_float4(s[0], s[1], s[2], s[3]));
-      __stcs(f + 1, make_float4(s[4], s[5], s[6], s[7]));
-    } else {
-      store8_f32(reinterpret_cast<float*>(dst), s);
-    }
+    const float4 lo = make_float4(s[0], s[1], s[2], s[3]), hi = make_float4(s[4], s[5], s[6], s[7]);
+    store16<kStream>(dst, *reinterpret_cast<const uint4*>(&lo));
+    store16<kStream>(dst + 4, *reinterpret_cast<const uint4*>(&hi));
   } else if constexpr (std::is_same_v<StateT, __nv_bfloat16>) {
     // cvt.rn.bf16x2.f32: the same bits as f32_to_bf16 (nearest even) for every finite value.
     uint4 raw;
@@ -82,22 +78,18 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);
     store16<kStream>(dst, raw);
   } else {
-    uint16_t v[8];
     if (sr) {
       // element % 8 == 0: the 8 values share one draw (checkpoint_codec.h's layout).
       const SrContext sr = make_sr_context(p.key, request, flush, p.sr_bits, p.philox_rounds);
       const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
+      uint16_t v[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
-      if constexpr (kStream) {
-        uint4 raw;
-        uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+      uint4 raw;
+      uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) h[k] = v[k];
-        store16<true>(dst, raw);
-      } else {
-        store8_u16(dst, v);
-      }
+      for (int k = 0; k < 8; ++k) h[k] = v[k];
+      store16<kStream>(dst, raw);
     } else {
       // cvt.rn.f16x2.f32: the same bits as f32_to_f16 (nearest even, overflow to Inf).
       uint4 raw;
