@@ -893,6 +893,64 @@ TEST_P(CudaStandardDecode, MatchesCpu) {
   }
 }
 
+// A bf16 state at T > 1 runs on a grid (row block, head, batch entry) whose z extent is at most
+// 65535, so a larger batch takes several launches: every entry past the first launch must get its
+// outputs and intermediate states (poisoned with NaN beforehand), padding entries none.
+TEST(CudaStandardDecodeLargeBatch, Bf16TokensAcrossSeveralLaunches) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{1, 8, 16, 1};
+  std::mt19937_64 rng(65537);
+  const LayerParams params = random_params(shape, rng);
+  const int S = 3, B = 65535 + 70, T = 2;
+  StandardDecodeConfig cfg;
+  cfg.state_dtype = DType::bf16;
+  const int64_t E = shape.state_elements();
+  std::vector<uint8_t> state(size_t(S) * E * 2);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t i = 0; i < S * E; ++i) store_act(state.data(), DType::bf16, i, normal(rng));
+  std::vector<int32_t> slots(B);
+  for (int b = 0; b < B; ++b) slots[b] = b % 7 == 6 ? kPaddingSlot : b % S;  // T > 1: read only
+  Tokens tk = random_tokens(shape, DType::bf16, B, T, rng);
+  DeviceTokens dt(shape, tk);
+  DeviceBytes dstate(state), dslots(slots);
+  std::vector<uint8_t> inter(size_t(B) * T * E * 2);
+  DeviceBytes dinter(inter.size());
+  CUDA_OK(cudaMemset(dinter.ptr, 0xff, dinter.bytes));  // bf16 NaN
+  std::vector<float> ycpu(size_t(B) * T * shape.nheads * shape.headdim, NAN);
+  const std::initializer_list<int64_t> state_dims{S, shape.nheads, shape.headdim, shape.dstate};
+  const std::initializer_list<int64_t> inter_dims{B, T, shape.nheads, shape.headdim, shape.dstate};
+  const TensorView hinter = host_view(inter.data(), DType::bf16, inter_dims);
+  const TensorView dinter_v = dview(dinter.ptr, DType::bf16, inter_dims);
+  standard_decode(BackendKind::cpu, shape, params, cfg,
+                  host_view(state.data(), DType::bf16, state_dims),
+                  host_view(slots.data(), DType::i32, {B}), tk.view_x(shape), tk.view_B(shape),
+                  tk.view_C(shape), tk.view_dt(shape),
+                  host_view(ycpu.data(), DType::f32, {B, T, shape.nheads, shape.headdim}), &hinter);
+  standard_decode(BackendKind::cuda, shape, params, cfg, dview(dstate.ptr, DType::bf16, state_dims),
+                  dview(dslots.ptr, DType::i32, {B}), dt.vx(shape, DType::bf16),
+                  dt.vB(shape, DType::bf16), dt.vC(shape, DType::bf16), dt.vdt(shape), dt.vy(shape),
+                  &dinter_v);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto ygpu = dt.y.download<float>(ycpu.size());
+  const auto igpu = dinter.download<uint8_t>(inter.size());
+  const size_t y_per = size_t(T) * shape.nheads * shape.headdim, s_per = size_t(T) * E;
+  // The entries of the second launch alone, then all of them.
+  for (int first : {65535, 0}) {
+    std::vector<float> yg, yc, ig, ic;
+    for (int b = first; b < B; ++b) {
+      if (slots[b] == kPaddingSlot) continue;
+      for (size_t i = 0; i < y_per; ++i)
+        yg.push_back(ygpu[b * y_per + i]), yc.push_back(ycpu[b * y_per + i]);
+      for (size_t i = 0; i < s_per; ++i) {
+        ig.push_back(load_act(igpu.data(), DType::bf16, int64_t(b * s_per + i)));
+        ic.push_back(load_act(inter.data(), DType::bf16, int64_t(b * s_per + i)));
+      }
+    }
+    EXPECT_LT(rel_l2(yg, yc), 2e-5) << "entries from " << first;
+    EXPECT_LT(rel_l2(ig, ic), 2e-3) << "entries from " << first;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaStandardDecode,
                          ::testing::Values(SsmShape{8, 16, 128, 2}, SsmShape{4, 80, 32, 1},
                                            SsmShape{2, 8, 256, 1}, SsmShape{4, 24, 8, 2}),

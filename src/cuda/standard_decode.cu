@@ -1,5 +1,7 @@
 // Launcher of the standard-decode baseline: validates the views, then dispatches on the state and
 // activation types to standard_decode_kernel (src/cuda/standard_decode.cuh).
+#include <algorithm>
+
 #include "cuda/cuda_backend.h"
 #include "cuda/standard_decode.cuh"
 
@@ -39,12 +41,24 @@ void launch(StandardDecodeParams p, cudaStream_t stream) {
     p.blocks_per_head = (p.headdim + p.rows_per_block - 1) / p.rows_per_block;
     const int blocks = p.batch * p.nheads * p.blocks_per_head;
     if (blocks == 0) return;
-    if (p.tokens == 1)
+    if (p.tokens == 1) {
       cuda::standard_decode_kernel<StateT, ActT, kElems, kRowsOne, true>
           <<<blocks, kThreads, 0, stream>>>(p);
-    else
+    } else if constexpr (cuda::standard_uses_token_loop<StateT>()) {
+      // Grid (row block, head, batch entry); z is at most 65535, so larger batches take several
+      // launches.
+      constexpr int kMaxGridZ = 65535;
+      for (int base = 0; base < p.batch; base += kMaxGridZ) {
+        p.batch_base = base;
+        const dim3 grid(p.blocks_per_head, p.nheads, std::min(kMaxGridZ, p.batch - base));
+        cuda::standard_decode_tokens_kernel<StateT, ActT, kElems, kRowsMany>
+            <<<grid, kThreads, 0, stream>>>(p);
+        RSSM_CUDA_CHECK(cudaGetLastError());
+      }
+    } else {
       cuda::standard_decode_kernel<StateT, ActT, kElems, kRowsMany, false>
           <<<blocks, kThreads, 0, stream>>>(p);
+    }
     RSSM_CUDA_CHECK(cudaGetLastError());
   };
   if (p.dstate % kWide == 0)

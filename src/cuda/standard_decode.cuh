@@ -50,6 +50,7 @@ struct StandardDecodeParams {
   // T > 1 (after head, so that the offsets of the fields above stay those the T == 1 kernels
   // were tuned with): bytes from one token's B and C, x, y, intermediate state to the next one's.
   int64_t token_bytes_bc, token_bytes_x, token_bytes_y, token_bytes_state;
+  int batch_base;  // standard_decode_tokens_kernel: the batch entry of blockIdx.z == 0
 };
 
 // 16 bytes at dst; kStream: st.global.cs (evict first: T > 1's intermediate states are written once
@@ -197,9 +198,35 @@ __device__ __forceinline__ void advance(T*& ptr, int64_t bytes) {
   ptr = reinterpret_cast<T*>(reinterpret_cast<Byte*>(ptr) + bytes);
 }
 
-// The token loop of T > 1 (kOneToken false), from the thread's rows of the state in s. The same
-// fp32 operations per element, in the same order, as the T == 1 loop of standard_decode_kernel;
-// what differs is their bookkeeping:
+// Whether T > 1 takes standard_decode_tokens_kernel: bf16 states only. H200, session 24, against
+// standard_decode_kernel's loop in the same call (bench/results/2026-12-01-h200-session24.md): bf16
+// T = 4 batch 64 229.9 -> 212.6 us (72.0 -> 77.9% of the copy bandwidth), batch 256 910.7 -> 829.0
+// (72.7 -> 79.9%), T = 8 372.4 -> 361.2; but fp32 T = 4 371.4 -> 401.1 (88.6 -> 82.0%) and T = 8
+// 694.7 -> 729.2, so fp32 (and fp16, not measured) states keep that loop and their code of before.
+template <typename StateT>
+constexpr bool standard_uses_token_loop() {
+  return std::is_same_v<StateT, __nv_bfloat16>;
+}
+
+// Resident blocks per SM that the T > 1 kernel is compiled for (__launch_bounds__; 0: ptxas's
+// choice). Left to itself, ptxas gives some of standard_decode_tokens_kernel's loops more registers
+// than the loop of standard_decode_kernel had; these keep the blocks they had, without spills: 96
+// registers (5 blocks) with 16-bit activations at 16 values per lane, 64 (8) at 8 (dstate 8), 128
+// (4) with fp32 activations at 16 (149 by ptxas's choice). fp32 activations at dstate 8 take 80
+// by ptxas's choice (72 on the old loop; 7 blocks would spill).
+template <typename StateT, typename ActT, int kElems>
+constexpr int standard_tokens_min_blocks() {
+  if constexpr (!standard_uses_token_loop<StateT>()) return 0;
+  if constexpr (sizeof(ActT) == 2) return kElems == 16 ? 5 : 8;
+  return kElems == 16 ? 4 : 0;
+}
+
+// The token loop of T > 1 for bf16 states, as a kernel of its own. The same fp32 operations per
+// element, in the same order, as the T == 1 loop of standard_decode_kernel; what differs is their
+// bookkeeping:
+// - the grid is (row block, head, batch entry): no divisions of the block index;
+// - token 0's B, C, x and the block's dt values are loaded before the slot index, so that their
+//   latency overlaps the slot -> state chain of round trips (they do not depend on the slot);
 // - each token's inputs, y and intermediate state are reached through pointers formed once and
 //   advanced by the launcher's per-token strides; the thread's rows are kThreads * kElems
 //   elements apart in a state (a compile-time offset);
@@ -210,24 +237,61 @@ __device__ __forceinline__ void advance(T*& ptr, int64_t bytes) {
 //   (the loop is instantiated for each y dtype).
 // Its per-token math repeats the loop of standard_decode_kernel on purpose: one shared function
 // for both moved register allocation and scheduling in 16 of the 30 kernels, those measured
-// included (wip/std-token-step, not yet run on a GPU).
-template <typename StateT, typename ActT, int kElems, int kRows, int kThreads>
-__device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParams& p,
-                                                       float (&s)[kRows][kElems], int b, int h,
-                                                       int g, int slot, int lane_in_row, int lanes,
-                                                       const int (&rows)[kRows],
-                                                       const bool (&valid)[kRows]) {
+// included (session 24, wip/std-token-step, not run on a GPU).
+// Batch entries p.batch_base + blockIdx.z (the launcher splits batches above the grid's z limit).
+template <typename StateT, typename ActT, int kElems, int kRows>
+__global__ void __launch_bounds__(kStandardThreads,
+                                  standard_tokens_min_blocks<StateT, ActT, kElems>())
+    standard_decode_tokens_kernel(const StandardDecodeParams p) {
+  constexpr int kThreads = kStandardThreads;
   constexpr int kRowStride = kThreads * kElems;  // rows[r + 1] * N - rows[r] * N
+  constexpr int kChunks = kElems * sizeof(StateT) / 16;
+  static_assert(kElems % 8 == 0 && (kChunks == 1 || kChunks == 2), "16 or 32 bytes per lane");
+  const int row_block = blockIdx.x, h = blockIdx.y, b = p.batch_base + int(blockIdx.z);
   const int P = p.headdim, N = p.dstate, H = p.nheads, T = p.tokens;
+  const int g = h / (H / p.ngroups);
+  const int lanes = p.lanes_per_row;
+  const int lane_in_row = threadIdx.x % lanes;
   const int n0 = lane_in_row * kElems;
+  const int lane = threadIdx.x % 32;
   const int64_t bt0 = int64_t(b) * T;
 
+  int rows[kRows];
+  bool valid[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    rows[r] = row_block * p.rows_per_block + r * (kThreads / lanes) + threadIdx.x / lanes;
+    valid[r] = rows[r] < P;
+  }
+
+  // Token 0's inputs and the raw dt of tokens 0..31 first: none depends on the slot.
   const ActT* Bp = static_cast<const ActT*>(p.B) + (bt0 * p.ngroups + g) * N + n0;
   const ActT* Cp = static_cast<const ActT*>(p.C) + (bt0 * p.ngroups + g) * N + n0;
   const ActT* xp[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
     xp[r] = static_cast<const ActT*>(p.x) + (bt0 * H + h) * P + (valid[r] ? rows[r] : 0);
+  TokenInputs<ActT, kElems, kRows> in;
+  in.load(Bp, Cp, xp, valid);
+  float dt_lane = lane < T ? p.dt[(bt0 + lane) * H + h] : 0.f;  // of token t0 + lane
+
+  const int slot = p.slots[b];
+  if (slot < 0) return;
+  const StateT* state = static_cast<const StateT*>(p.state) + (int64_t(slot) * H + h) * P * N;
+  float s[kRows][kElems];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (valid[r]) {
+      const uint4* src = reinterpret_cast<const uint4*>(state + int64_t(rows[r]) * N + n0);
+      uint4 raw[kChunks];
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) raw[i] = src[i];
+      unpack<StateT, kElems>(raw, s[r]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kElems; ++i) s[r][i] = 0.f;
+    }
+  }
 
   // y: lanes >= kRows: lane_in_row / (lanes / kRows) is the row whose sum the lane ends with
   // (row_sum_values), and the first lane of each such group stores it; fewer lanes: every row's
@@ -248,17 +312,14 @@ __device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParam
   uint64_t element = (uint64_t(h) * P + rows[0]) * N + n0;
 
   const float A = p.head.A[h], D = p.head.D[h];
-  const int lane = threadIdx.x % 32;
   with_output_type(p.y, p.y_dtype, [&](auto* y) {
     using YT = std::remove_pointer_t<decltype(y)>;
     YT* yp = y + (bt0 * H + h) * P + mine_row;
-    TokenInputs<ActT, kElems, kRows> in;
-    in.load(Bp, Cp, xp, valid);
     for (int t0 = 0; t0 < T; t0 += 32) {
+      if (t0 > 0) dt_lane = t0 + lane < T ? p.dt[(bt0 + t0 + lane) * H + h] : 0.f;
       float delta_lane = 0.f, a_lane = 0.f;  // of token t0 + lane
       if (t0 + lane < T) {
-        delta_lane = process_dt(p.dt[(bt0 + t0 + lane) * H + h], p.head.dt_bias[h], p.head.dt_min,
-                                p.head.dt_max);
+        delta_lane = process_dt(dt_lane, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
         a_lane = expf(delta_lane * A);
       }
       const int tokens = min(T - t0, 32);
@@ -331,35 +392,13 @@ __device__ __forceinline__ void standard_decode_tokens(const StandardDecodeParam
   });
 }
 
-// Whether T > 1 takes standard_decode_tokens: bf16 states only. H200, session 24, against the
-// loop below in the same call (bench/results/2026-12-01-h200-session24.md): bf16 T = 4 batch 64
-// 229.9 -> 212.6 us (72.0 -> 77.9% of the copy bandwidth), batch 256 910.7 -> 829.0 (72.7 ->
-// 79.9%), T = 8 372.4 -> 361.2; but fp32 T = 4 371.4 -> 401.1 (88.6 -> 82.0%) and T = 8 694.7 ->
-// 729.2, so fp32 (and fp16, not measured) states keep the loop below and their code of before.
-template <typename StateT>
-constexpr bool standard_uses_token_loop() {
-  return std::is_same_v<StateT, __nv_bfloat16>;
-}
-
-// Resident blocks per SM that the T > 1 kernel is compiled for (__launch_bounds__; 0: ptxas's
-// choice). Left to itself, ptxas gives some of standard_decode_tokens's loops more registers than
-// the loop below had; these keep the blocks they had, without spills: 96 registers (5 blocks) with
-// 16-bit activations at 16 values per lane, 64 (8) at 8 (dstate 8). (fp32 activations at dstate
-// 8: 72 registers before, now 95 by ptxas's choice; 7 blocks would spill 72 bytes and 6 8 bytes.)
-template <typename StateT, typename ActT, int kElems>
-constexpr int standard_tokens_min_blocks() {
-  if constexpr (!standard_uses_token_loop<StateT>()) return 0;
-  return sizeof(ActT) == 2 ? (kElems == 16 ? 5 : 8) : 0;
-}
-
 // kOneToken: T == 1 known at compile time, so nothing lives across tokens (bf16 state, 16 values
 // per lane and row: 124 registers instead of 168, 4 resident blocks per SM instead of 3). T > 1
-// with a bf16 state runs standard_decode_tokens after the state load.
+// with a bf16 state takes standard_decode_tokens_kernel instead.
 template <typename StateT, typename ActT, int kElems, int kRows, bool kOneToken>
-__global__ void __launch_bounds__(kStandardThreads,
-                                  kOneToken ? 0
-                                            : standard_tokens_min_blocks<StateT, ActT, kElems>())
+__global__ void __launch_bounds__(kStandardThreads, 0)
     standard_decode_kernel(const StandardDecodeParams p) {
+  static_assert(kOneToken || !standard_uses_token_loop<StateT>(), "standard_decode_tokens_kernel");
   constexpr int kChunks = kElems * sizeof(StateT) / 16;  // 16-byte words of state per lane and row
   static_assert(kElems % 8 == 0 && (kChunks == 1 || kChunks == 2), "16 or 32 bytes per lane");
   const int blk = blockIdx.x;
@@ -397,12 +436,6 @@ __global__ void __launch_bounds__(kStandardThreads,
 #pragma unroll
       for (int i = 0; i < kElems; ++i) s[r][i] = 0.f;
     }
-  }
-
-  if constexpr (!kOneToken && standard_uses_token_loop<StateT>()) {
-    standard_decode_tokens<StateT, ActT, kElems, kRows, kStandardThreads>(
-        p, s, b, h, g, slot, lane_in_row, lanes, rows, valid);
-    return;
   }
 
   const float A = p.head.A[h], D = p.head.D[h];
