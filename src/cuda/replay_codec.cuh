@@ -180,28 +180,79 @@ __device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, in
   decode_raw8<kMode>(c, true, v);
 }
 
-// Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0).
+// The short form of stochastic rounding (f32_to_f16_sr_fast: r <= 12, no NaN) for two values,
+// with the hardware doing the truncation: cvt.rz.satfinite.f16x2.f32 drops the bits below the fp16
+// lsb, rebiases the exponent and saturates at +-65504, all of which the integer form spells out.
+// `addend` = sr_addend(random, r): the r random bits aligned to the top of the 13-bit discarded
+// field of a normal result, plus half of their lowest bit.
+// - |x| >= 2^-14 (normal result): addend added to the bits of |x|, as in the integer form (a carry
+//   into the exponent is the rounded-up value). |x| is first capped at the largest fp32 below 2^16
+//   so that the sum cannot reach the Inf/NaN encodings; anything from 65504 on saturates.
+// - |x| < 2^-14 (subnormal result, lsb 2^-24): the field is wider. As in the integer form, |x| is
+//   lifted by 2^-14 into the binade where the fp16 lsb is 2^-24 and the 13-bit field ends at fp32's
+//   2^-37, the addend added to its bits, the sum capped at 2^-13 (a carry out of the binade is the
+//   value 2^-14 after the lift is undone, exactly what the integer form's shift gives) and 2^-14
+//   subtracted (exact: Sterbenz) before the truncation.
+// Bit-identical to f32_to_f16_sr for r <= 12 and every non-NaN x (test_device_codecs, on the
+// GPU, over the grid of StochasticRounding.ShortFormMatchesReference).
+__device__ __forceinline__ uint32_t sr_addend(uint32_t random, int r_bits) {
+  const uint32_t field_top = 1u << 13;
+  const uint32_t mask = field_top - (field_top >> r_bits);  // bits [13 - r, 13)
+  return ((random << (13 - r_bits)) & mask) | (field_top >> (r_bits + 1));
+}
+__device__ __forceinline__ float f16_sr_presum(float x, uint32_t addend) {
+  const float ax = fabsf(x);
+  const bool normal = ax >= 0x1p-14f;
+  // Normal: |x| itself (+0 is exact) and the cap 2^16 (the sum saturates from 65504 on anyway).
+  // Subnormal: |x| lifted by 2^-14, rounded toward zero (the bits below the field's 2^-37
+  // position go), the cap 2^-13 (a carry out of the binade is the value 2^-14 once the lift is
+  // taken off again, as the integer form's shift gives), and the lift taken off (exact).
+  const float lift = normal ? 0.f : 0x1p-14f;
+  const uint32_t sum = __viaddmin_u32(__float_as_uint(__fadd_rz(ax, lift)), addend,
+                                      normal ? 0x47800000u : 0x39000000u);
+  return copysignf(__uint_as_float(sum) - lift, x);
+}
+// Element x0 in the low half of the result, x1 in the high half.
+__device__ __forceinline__ uint32_t f16x2_sr_short(float x0, float x1, uint32_t addend0,
+                                                   uint32_t addend1) {
+  uint32_t d;
+  asm("cvt.rz.satfinite.f16x2.f32 %0, %1, %2;"
+      : "=r"(d)
+      : "f"(f16_sr_presum(x1, addend1)), "f"(f16_sr_presum(x0, addend0)));
+  return d;
+}
+
+// Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0);
+// element k in half k % 2 of words[k / 2] (the layout of the 16 bytes a checkpoint row stores).
 // kShortSr: the caller guarantees r <= 12 (the flush is specialised for it), so only the short
 // form is compiled and the 8 elements' instructions interleave without a branch each.
-template <bool kShortSr = false>
+// kBounded: `bound` is an upper bound of the 8 |v| that the caller has at hand (the row amax of
+// the separate modes' read encoder); otherwise the function takes their maximum itself.
+template <bool kShortSr = false, bool kBounded = false>
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
-                                              uint16_t (&out)[8]) {
+                                              uint32_t (&words)[4], float bound = 0.f) {
   int saturated = 0;
   const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare. With
   // kShortSr the condition is a constant and the long form is not compiled.
   const bool fast = kShortSr || sr.bits <= kSrFastMaxBits;
-  float magnitude = 0.f;  // the largest |x|: saturation is rare, counted only when it happened
+  // The largest |x| (or a bound): saturation is rare, counted only when it may have happened.
+  float magnitude = kBounded ? bound : 0.f;
+  if (fast) {
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float x = v[k];
-    if (fast) {
-      out[k] = f32_to_f16_sr_fast(x, sr_random(draw, k), sr.bits);
-      magnitude = fmaxf(magnitude, fabsf(x));
-    } else {
-      bool sat = false;
-      out[k] = f32_to_f16_sr(x, sr_random(draw, k), sr.bits, &sat);
-      saturated += sat ? 1 : 0;
+    for (int k = 0; k < 8; k += 2) {
+      words[k / 2] = f16x2_sr_short(v[k], v[k + 1], sr_addend(sr_random(draw, k), sr.bits),
+                                    sr_addend(sr_random(draw, k + 1), sr.bits));
+      if (!kBounded) magnitude = fmaxf(magnitude, fmaxf(fabsf(v[k]), fabsf(v[k + 1])));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+      bool sat0 = false, sat1 = false;
+      const uint32_t lo = f32_to_f16_sr(v[k], sr_random(draw, k), sr.bits, &sat0);
+      const uint32_t hi = f32_to_f16_sr(v[k + 1], sr_random(draw, k + 1), sr.bits, &sat1);
+      words[k / 2] = lo | hi << 16;
+      saturated += (sat0 ? 1 : 0) + (sat1 ? 1 : 0);
     }
   }
   if (magnitude > 65504.f)
@@ -234,8 +285,9 @@ __device__ __forceinline__ uint32_t e4m3x2_bits(float a, float b) {  // a: low b
 // half), where assembling the words byte by byte took about 20 instructions per lane and row.
 template <bool kFp8>
 __device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes, uint2& codes,
-                                                 float (&rv)[8]) {
+                                                 float (&rv)[8], float* row_amax = nullptr) {
   const float amax = chunk_amax(v, lanes);
+  if (row_amax) *row_amax = amax;
   const float kmax = kFp8 ? kE4m3Max : kInt8Max;
   if (detail::is_zero_row(amax)) {
     codes = make_uint2(0u, 0u);
@@ -272,9 +324,11 @@ __device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes,
 // NVFP4 row codec (formats.h encode_row_nvfp4). The 16-element block of this lane's chunk is
 // shared with lane ^ 1. Writes 4 packed bytes and (even lanes) the block scale.
 __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, uint32_t& packed,
-                                               uint8_t& block_scale, float (&rv)[8]) {
+                                               uint8_t& block_scale, float (&rv)[8],
+                                               float* row_amax = nullptr) {
   float bm;  // the block's amax (lanes >= 8, chunk_amax)
   const float amax = chunk_amax(v, lanes, &bm);
+  if (row_amax) *row_amax = amax;
   if (detail::is_zero_row(amax)) {
     packed = 0;
     block_scale = 0;
@@ -364,12 +418,13 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     }
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
-    uint16_t c[8];
-    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, c);
+    uint32_t w[4];
+    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(c[i]);
+    for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(uint16_t(w[i / 2] >> (16 * (i % 2))));
     if (store) {
-      store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.rec) + e) =
+          make_uint4(w[0], w[1], w[2], w[3]);
       *saturated += sat;
     }
     return 1.f;
@@ -382,25 +437,26 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     }
     return scale;
   } else {
-    float scale;
+    float scale, amax;  // amax: the row's, which bounds the SR's saturation check
     if constexpr (kMode == Mode::separate_fp8) {
       uint2 c;
-      scale = encode8_row8bit<true>(v, lanes, c, rv);
+      scale = encode8_row8bit<true>(v, lanes, c, rv, &amax);
       if (store) *reinterpret_cast<uint2*>(s.read + e) = c;
     } else {
       uint32_t packed;
       uint8_t bs;
-      scale = encode8_nvfp4(v, lanes, packed, bs, rv);
+      scale = encode8_nvfp4(v, lanes, packed, bs, rv, &amax);
       if (store) {
         *reinterpret_cast<uint32_t*>(s.read + e / 2) = packed;
         if ((lane_in_row & 1) == 0) s.read_block_scale[e / 16] = bs;
       }
     }
-    uint16_t c[8];
-    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, c);
+    uint32_t w[4];
+    sat = encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax);
     if (store) {
       if (lane_in_row == 0) s.read_scale[row] = scale;
-      store8_u16(static_cast<uint16_t*>(s.rec) + e, c);
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.rec) + e) =
+          make_uint4(w[0], w[1], w[2], w[3]);
       *saturated += sat;
     }
     return scale;
