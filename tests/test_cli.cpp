@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "io/safetensors.h"
@@ -328,6 +329,30 @@ TEST_F(Cli, BenchJsonRowsOnStderr) {
         100.0 * row["gb_per_s"].get<double>() / j["copy_gb_per_s"].get<double>());
     EXPECT_NE(r.err.find(line), std::string::npos) << line << " in\n" << r.err;
   }
+}
+
+// Benchmark outputs say where they came from: the version and build commit that --version prints,
+// the command line as run, and the UTC start time.
+TEST_F(Cli, BenchJsonRecordsProvenance) {
+  const std::string args =
+      "bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
+      "--flush-cycles 1 -o json";
+  const nlohmann::json j = run_json(args);
+  const Result version = run("--version");
+  ASSERT_EQ(version.code, 0);
+  const std::string commit = j["commit"].get<std::string>();
+  EXPECT_FALSE(commit.empty());
+  EXPECT_NE(
+      version.out.find(j["replayssm_version"].get<std::string>() + " (commit " + commit + ")"),
+      std::string::npos)
+      << version.out << " vs " << j.dump();
+  const std::string command = j["command"].get<std::string>();
+  EXPECT_TRUE(command.size() > args.size() &&
+              command.compare(command.size() - args.size(), args.size(), args) == 0)
+      << command;
+  EXPECT_TRUE(std::regex_match(j["started_utc"].get<std::string>(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+      << j["started_utc"];
 }
 
 // bench on the CPU: every configuration is timed (positive, finite), the modelled bytes of the

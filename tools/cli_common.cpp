@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 
 #include "replayssm/error.h"
+#include "replayssm/version.h"
 
 namespace replayssm::cli {
 
@@ -105,6 +108,38 @@ std::string Table::render() const {
   for (const auto& row : rows_) line(row);
   return out;
 }
+
+namespace {
+RunInfo& run_info_storage() {
+  static RunInfo info;
+  return info;
+}
+std::string shell_quoted(const std::string& arg) {
+  const bool plain = !arg.empty() && arg.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789_-+=.,/:@%") == std::string::npos;
+  if (plain) return arg;
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+}  // namespace
+
+void record_command_line(int argc, const char* const* argv) {
+  RunInfo& info = run_info_storage();
+  info.version = version();
+  info.commit = build_commit();
+  info.command.clear();
+  for (int i = 0; i < argc; ++i) info.command += (i ? " " : "") + shell_quoted(argv[i]);
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  info.started_utc = text;
+}
+
+const RunInfo& run_info() { return run_info_storage(); }
 
 std::string sci(double value) {
   if (std::isnan(value)) return "nan";

@@ -363,6 +363,8 @@ void print_header(const BenchArgs& a, const Context& cx) {
         accepted_by_window.empty() ? std::string()
                                    : fmt::format(", per-draft acceptance {:.3f} (mean accepted{})",
                                                  cx.accept_rate, accepted_by_window);
+    fmt::print("replayssm {} (commit {}), {}: {}\n", run_info().version, run_info().commit,
+               run_info().started_utc, run_info().command);
     fmt::print(
         "replayssm bench: {} backend ({}), H={} P={} N={} G={}, history {}{}, median of {} runs{}; "
         "copy bandwidth {:.0f} GB/s (read + write)\n\n",
@@ -418,6 +420,10 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                    {"speedup_vs_standard_bf16", speedup_over(r.bf16_us, r.us)}});
   fmt::print("{}\n",
              nlohmann::json{
+                 {"replayssm_version", run_info().version},
+                 {"commit", run_info().commit},
+                 {"command", run_info().command},
+                 {"started_utc", run_info().started_utc},
                  {"backend", backend_name(cx.backend)},
                  {"device", cx.device},
                  {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
@@ -582,7 +588,11 @@ void run_e2e(const BenchArgs& a) {
                      {"verify_steps", r.result.steps},
                      {"flushes_per_layer", r.result.flushes},
                      {"speedup_vs_standard_fp32", speedup(r)}});
-    fmt::print("{}\n", nlohmann::json{{"backend", backend_name(backend)},
+    fmt::print("{}\n", nlohmann::json{{"replayssm_version", run_info().version},
+                                      {"commit", run_info().commit},
+                                      {"command", run_info().command},
+                                      {"started_utc", run_info().started_utc},
+                                      {"backend", backend_name(backend)},
                                       {"model", preset.name},
                                       {"parameters", params},
                                       {"batch", 1},

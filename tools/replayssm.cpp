@@ -10,11 +10,13 @@
 #include "replayssm/version.h"
 
 int main(int argc, char** argv) {
+  replayssm::cli::record_command_line(argc, argv);
   CLI::App app{
       "replayssm: fast Mamba-2 decoding with a replay cache.\n"
       "Run `replayssm demo` for the main job, `replayssm COMMAND --help` for details."};
   app.name("replayssm");
-  app.set_version_flag("--version", replayssm::version());
+  app.set_version_flag("--version", std::string(replayssm::version()) + " (commit " +
+                                        replayssm::build_commit() + ")");
   app.require_subcommand(1);
   replayssm::cli::register_trace(app);
   replayssm::cli::register_ckpt(app);
