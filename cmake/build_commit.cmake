@@ -14,9 +14,10 @@ else()
                     RESULT_VARIABLE head_rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
     if(head_rc EQUAL 0 AND head)
       set(commit "${head}")
-      execute_process(COMMAND "${GIT_EXECUTABLE}" diff-index --quiet HEAD --
-                      WORKING_DIRECTORY "${SOURCE_DIR}" RESULT_VARIABLE dirty_rc ERROR_QUIET)
-      if(NOT dirty_rc EQUAL 0)
+      # status (not diff-index, which takes a file whose timestamp alone changed for a change).
+      execute_process(COMMAND "${GIT_EXECUTABLE}" status --porcelain --untracked-files=no
+                      WORKING_DIRECTORY "${SOURCE_DIR}" OUTPUT_VARIABLE changes ERROR_QUIET)
+      if(changes)
         string(APPEND commit "-dirty")
       endif()
     endif()
