@@ -306,6 +306,7 @@ PYBIND11_MODULE(replayssm, m) {
       "replayssm: the replay cache of one Mamba-2 layer (CPU or CUDA backend; numpy or DLPack "
       "arrays)";
   m.attr("__version__") = replayssm::version();
+  m.attr("build_commit") = replayssm::build_commit();  // as `replayssm --version` prints it
   py::register_exception<replayssm::Error>(m, "Error", PyExc_ValueError);
   py::class_<PyCache>(m, "ReplayCache")
       .def(py::init<std::vector<int>, const replayssm::F32Array&, const replayssm::F32Array&,

@@ -120,6 +120,11 @@ class BindingsTest(unittest.TestCase):
         self.assertGreater(cache.stats()["flushes"], 4)
         return worst
 
+    def test_module_names_its_version_and_build(self):
+        self.assertRegex(replayssm.__version__, r"^\d+\.\d+\.\d+$")
+        # A git commit (12 hex digits, maybe -dirty), "unknown", or -DREPLAYSSM_BUILD_COMMIT's value.
+        self.assertRegex(replayssm.build_commit, r"^\S+$")
+
     def test_fp32_mode_matches_the_recurrence(self):
         self.run_decode("fp32", "fp32", 1e-5)
 
