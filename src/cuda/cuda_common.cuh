@@ -119,6 +119,11 @@ __device__ __forceinline__ void store8_u16(void* p, const uint16_t (&v)[8]) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
+// The same 16 bytes as 4 words, code 2i in the low half of word i.
+__device__ __forceinline__ void store8_u16(void* p, const uint32_t (&words)[4]) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
 __device__ __forceinline__ void store8_f32(float* p, const float (&v)[8]) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);

@@ -423,8 +423,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(uint16_t(w[i / 2] >> (16 * (i % 2))));
     if (store) {
-      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.rec) + e) =
-          make_uint4(w[0], w[1], w[2], w[3]);
+      store8_u16(static_cast<uint16_t*>(s.rec) + e, w);
       *saturated += sat;
     }
     return 1.f;
@@ -455,8 +454,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     sat = encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax);
     if (store) {
       if (lane_in_row == 0) s.read_scale[row] = scale;
-      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.rec) + e) =
-          make_uint4(w[0], w[1], w[2], w[3]);
+      store8_u16(static_cast<uint16_t*>(s.rec) + e, w);
       *saturated += sat;
     }
     return scale;

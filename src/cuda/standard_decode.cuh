@@ -237,7 +237,10 @@ constexpr int standard_tokens_min_blocks() {
 //   (the loop is instantiated for each y dtype).
 // Its per-token math repeats the loop of standard_decode_kernel on purpose: one shared function
 // for both moved register allocation and scheduling in 16 of the 30 kernels, those measured
-// included (session 24, wip/std-token-step, not run on a GPU).
+// included (session 24, wip/std-token-step, not run on a GPU). The same holds for its state-row
+// load: as one helper for both kernels it moved the scheduling of 8 of standard_decode_kernel's
+// instantiations, the measured fp32 T > 1 and bf16 T = 1 baselines among them (session 26,
+// cuobjdump), so the load is written out in each.
 // Batch entries p.batch_base + blockIdx.z (the launcher splits batches above the grid's z limit).
 template <typename StateT, typename ActT, int kElems, int kRows>
 __global__ void __launch_bounds__(kStandardThreads,
