@@ -75,6 +75,7 @@ class Progress {
 // started (ISO 8601). main() records the command line before parsing; benchmark outputs print it.
 struct RunInfo {
   std::string version, commit, command, started_utc;
+  std::string version_line() const { return version + " (commit " + commit + ")"; }  // --version
 };
 void record_command_line(int argc, const char* const* argv);
 const RunInfo& run_info();

@@ -363,8 +363,8 @@ void print_header(const BenchArgs& a, const Context& cx) {
         accepted_by_window.empty() ? std::string()
                                    : fmt::format(", per-draft acceptance {:.3f} (mean accepted{})",
                                                  cx.accept_rate, accepted_by_window);
-    fmt::print("replayssm {} (commit {}), {}: {}\n", run_info().version, run_info().commit,
-               run_info().started_utc, run_info().command);
+    fmt::print("replayssm {}, {}: {}\n", run_info().version_line(), run_info().started_utc,
+               run_info().command);
     fmt::print(
         "replayssm bench: {} backend ({}), H={} P={} N={} G={}, history {}{}, median of {} runs{}; "
         "copy bandwidth {:.0f} GB/s (read + write)\n\n",
@@ -404,6 +404,16 @@ void print_row(const BenchArgs& a, const Context& cx, const Row& r) {
   std::fflush(a.format == "json" ? stderr : stdout);
 }
 
+// A JSON document of bench with what produced it (cli_common.h, RunInfo).
+nlohmann::json with_provenance(nlohmann::json doc) {
+  const RunInfo& run = run_info();
+  doc["replayssm_version"] = run.version;
+  doc["commit"] = run.commit;
+  doc["command"] = run.command;
+  doc["started_utc"] = run.started_utc;
+  return doc;
+}
+
 void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& rows) {
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows)
@@ -418,24 +428,20 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                    {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
                    {"speedup_vs_standard_fp32", speedup_over(r.fp32_us, r.us)},
                    {"speedup_vs_standard_bf16", speedup_over(r.bf16_us, r.us)}});
-  fmt::print("{}\n",
-             nlohmann::json{
-                 {"replayssm_version", run_info().version},
-                 {"commit", run_info().commit},
-                 {"command", run_info().command},
-                 {"started_utc", run_info().started_utc},
-                 {"backend", backend_name(cx.backend)},
-                 {"device", cx.device},
-                 {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
-                 {"history", a.history},
-                 {"accept_mean", a.accept_mean},
-                 {"accept_window", cx.accept_window},
-                 {"accept_rate", cx.accept_rate},
-                 {"copy_gb_per_s", cx.copy_gbs},
-                 {"cold_cache", a.cold_cache},
-                 {"phases", a.phases},
-                 {"rows", out}}
-                 .dump(2));
+  fmt::print("{}\n", with_provenance(nlohmann::json{{"backend", backend_name(cx.backend)},
+                                                    {"device", cx.device},
+                                                    {"shape",
+                                                     {cx.shape.nheads, cx.shape.headdim,
+                                                      cx.shape.dstate, cx.shape.ngroups}},
+                                                    {"history", a.history},
+                                                    {"accept_mean", a.accept_mean},
+                                                    {"accept_window", cx.accept_window},
+                                                    {"accept_rate", cx.accept_rate},
+                                                    {"copy_gb_per_s", cx.copy_gbs},
+                                                    {"cold_cache", a.cold_cache},
+                                                    {"phases", a.phases},
+                                                    {"rows", out}})
+                         .dump(2));
 }
 
 void run_bench(const BenchArgs& a) {
@@ -588,20 +594,16 @@ void run_e2e(const BenchArgs& a) {
                      {"verify_steps", r.result.steps},
                      {"flushes_per_layer", r.result.flushes},
                      {"speedup_vs_standard_fp32", speedup(r)}});
-    fmt::print("{}\n", nlohmann::json{{"replayssm_version", run_info().version},
-                                      {"commit", run_info().commit},
-                                      {"command", run_info().command},
-                                      {"started_utc", run_info().started_utc},
-                                      {"backend", backend_name(backend)},
-                                      {"model", preset.name},
-                                      {"parameters", params},
-                                      {"batch", 1},
-                                      {"prompt_len", a.prompt_len},
-                                      {"new_tokens", a.new_tokens},
-                                      {"window", a.window},
-                                      {"accept_mean", a.accept_mean},
-                                      {"history", a.history},
-                                      {"rows", out}}
+    fmt::print("{}\n", with_provenance(nlohmann::json{{"backend", backend_name(backend)},
+                                                      {"model", preset.name},
+                                                      {"parameters", params},
+                                                      {"batch", 1},
+                                                      {"prompt_len", a.prompt_len},
+                                                      {"new_tokens", a.new_tokens},
+                                                      {"window", a.window},
+                                                      {"accept_mean", a.accept_mean},
+                                                      {"history", a.history},
+                                                      {"rows", out}})
                            .dump(2));
     return;
   }
