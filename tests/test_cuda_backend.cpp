@@ -949,6 +949,14 @@ TEST(CudaStandardDecodeLargeBatch, Bf16TokensAcrossSeveralLaunches) {
     EXPECT_LT(rel_l2(yg, yc), 2e-5) << "entries from " << first;
     EXPECT_LT(rel_l2(ig, ic), 2e-3) << "entries from " << first;
   }
+  // Padding entries are skipped: their intermediate states keep the poison, in both launches.
+  size_t untouched = 0, padding_bytes = 0;
+  for (int b = 6; b < B; b += 7) {
+    ASSERT_EQ(slots[b], kPaddingSlot);
+    for (size_t i = 0; i < 2 * s_per; ++i) untouched += igpu[2 * b * s_per + i] == 0xff;
+    padding_bytes += 2 * s_per;
+  }
+  EXPECT_EQ(untouched, padding_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaStandardDecode,
