@@ -475,6 +475,25 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
 int accept_one(int, std::mt19937_64&) { return 1; }
 int accept_up_to_eight(int, std::mt19937_64& rng) { return 1 + int(rng() % 8); }
 
+// Decode steps (W = 1) of batches 1 to 4, each one launch of small_step_kernel (a block per entry
+// and head, reading its checkpoint rows into registers, folding its head where the entry
+// flushes), across two or more flushes: every mode, dstate 64, 128 and 256, history 32 (two
+// ring entries per lane), fp16 and fp32 activations.
+TEST(CudaBackend, SmallBatchStepMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto decode = accept_one;
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::fp16_sr, Mode::shared_fp8,
+                    Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4})
+    check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 36, decode, false);
+  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 20, decode, false);
+    check_steps_against_cpu({8, 64, 128, 2}, 1, mode, 40, decode, false, DType::bf16, 32);
+  }
+  check_steps_against_cpu({8, 16, 64, 2}, 4, Mode::shared_int8, 36, decode, false);
+  for (DType act : {DType::f16, DType::f32})
+    check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 20, decode, false, act);
+}
+
 // Decode steps (W = 1) of batches above the one-launch limit, and verify steps, whose 8-bit and
 // nvfp4 checkpoints are read out by VerifyVariant::chained_direct at the presets' headdim and
 // dstate (4 tiles per head, 2 and 4 column blocks per row; the shape above, dstate 64, does not

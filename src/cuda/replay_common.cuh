@@ -134,7 +134,7 @@ __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
 // round trip (H200, W = 1, separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9; every
 // 8/4-bit mode 1.0-1.2 us). validate_tokens_kernel, whose threads scan a vector or two, keeps the
 // plain loop (batched, W = 1 batch 64 took 0.3-0.4 us longer).
-template <typename ActT, bool kBatched = false>
+template <typename ActT, bool kBatched = false, int kScanBatch = 8>
 __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
                                                     int64_t stride) {
   const int T = p.tokens;
@@ -150,7 +150,6 @@ __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b
   };
   bool bad = false;
   if constexpr (kBatched) {
-    constexpr int kScanBatch = 8;
     for (int64_t i = first; i < nd; i += stride) bad |= !isfinite(dt[i]);
     for (int64_t u0 = first; u0 < total; u0 += kScanBatch * stride) {
       uint4 v[kScanBatch];
@@ -170,14 +169,13 @@ __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b
   return bad;
 }
 
-// The checks of validate_tokens_kernel made by a verify block for its own entry (one-launch
-// step): open, nothing pending, finite inputs (`nonfinite`: this thread's entry_has_nonfinite,
-// which the caller issues before it waits for the slot, as validate_tokens_kernel does). Every
-// block of the entry reaches the same answer; the one with `report` raises the error. Uniform
-// over the block.
-template <typename ActT>
-__device__ bool entry_valid(const ReplayParams& p, int b, int slot, bool nonfinite, bool report) {
-  const SlotCursors cur = p.cursors[slot];
+// The checks of validate_tokens_kernel made by a block of a one-launch step for its own entry:
+// open, nothing pending (`cur`: the slot's cursors), finite inputs (`nonfinite`: this thread's
+// entry_has_nonfinite, which the caller issues before it waits for the slot, as
+// validate_tokens_kernel does). Every block of the entry reaches the same answer; the one with
+// `report` raises the error. Uniform over the block.
+__device__ __forceinline__ bool entry_valid(const ReplayParams& p, int slot, const SlotCursors& cur,
+                                            bool nonfinite, bool report) {
   if (!cur.live || cur.pending != 0) {
     if (report && threadIdx.x == 0)
       raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);

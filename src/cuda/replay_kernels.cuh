@@ -30,6 +30,7 @@
 #include "cuda/flush_kernel.cuh"
 #include "cuda/prefill_kernels.cuh"
 #include "cuda/replay_common.cuh"
+#include "cuda/small_step_kernel.cuh"
 #include "cuda/verify_direct.cuh"
 #include "cuda/verify_kernel.cuh"
 #include "cuda/verify_mma.cuh"

@@ -84,6 +84,11 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
   return one_launch ? std::max(own, lc.smem_fold) : own;
 }
 
+// small_step_kernel's shared memory: its own, or the fold's where that is larger.
+inline size_t small_step_smem(const LaunchConfig& lc, int L) {
+  return std::max(lc.smem_fold, SmallStepSmem::bytes(L));
+}
+
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
 // specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
 // the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok and verify_direct_fits at
@@ -119,8 +124,11 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         return !one_launch && verify_direct_ok(kMode, p.P, p.N) &&
                verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows, ring_mma(windows));
       };
-      if (one_launch) {  // W = 1 only (verify_in_one_launch)
-        run(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>, 1);
+      if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
+        const auto kernel = small_step_kernel<kMode, ActT, kEntries>;
+        const size_t smem = small_step_smem(lc, p.L);
+        allow_dynamic_smem(kernel, smem);
+        launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kSmallStepThreads, smem, p);
       } else if (p.tokens == 1) {
         if constexpr (has_direct_readout(kMode))
           if (direct(1)) return run_direct.template operator()<1>();
@@ -185,8 +193,7 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
     }
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
-      load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::one_launch>,
-                  verify_smem(lc, L, N, 1, max_heads, kMode, true));
+      load_kernel(small_step_kernel<kMode, ActT, kEntries>, small_step_smem(lc, L));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode, false));
       if constexpr (has_bf16_readout(kMode))

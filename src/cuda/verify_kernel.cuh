@@ -101,12 +101,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     // clocks of a batch-1 step: the validation took 6200 of its 18000 cycles, the chain slot ->
     // cursors -> scan -> scan remainder -> dt one round trip after another).
     const bool nonfinite = entry_has_nonfinite<ActT, true>(p, b, threadIdx.x, blockDim.x);
-    if (slot < 0) return;                                                              // padding
-    if (!entry_valid<ActT>(p, b, slot, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
+    if (slot < 0) return;  // padding
+    const SlotCursors before = p.cursors[slot];
+    if (!entry_valid(p, slot, before, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
     // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
     // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
     // other block. Nothing else is live across the fold, which has the registers to itself.
-    const SlotCursors before = p.cursors[slot];
     folded = verify_needs_flush(before, W, L);  // then c > 0, since W <= L / 2
     if (folded)
       verify_flush_heads<kMode, ActT>(p, slot, before, h0, reinterpret_cast<float*>(smem_raw));

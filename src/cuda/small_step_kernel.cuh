@@ -1,0 +1,224 @@
+// small_step_kernel: a whole decode step (W = 1) of a small batch in one launch, the checkpoint
+// read straight into registers. Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/flush_kernel.cuh"
+#include "cuda/replay_common.cuh"
+#include "cuda/verify_staging.cuh"
+
+namespace replayssm::cuda {
+
+// ---- the step of a small batch ------------------------------------------------------------------
+// One block per (batch entry, head): at batch 1 to 4 a step moves 0.5-2 MB, a fraction of a
+// microsecond at the copy bandwidth, and its time is the chain of dependent global round trips
+// (600-800 cycles each on the H200) and barriers. So the block issues everything as soon as its
+// address is known and has no staging:
+//
+//   round trip 1  slot id; the entry's inputs (the validation scan), this head's C, B, dt
+//   round trip 2  the slot's cursors; the head's read-checkpoint rows (RowMap, into registers)
+//   round trip 3  the committed entries' B (for B_k . C), x (the ring term) and deltas
+//   then          B_k . C, the weights, the readout, y; the arrival counter (finish_verify)
+//
+// with, at logical position c (c committed entries; L_k = delta_0 + ... + delta_k),
+//   y[p] = exp(A L_c) scale_p sum_n R[p,n] Cr[n] + sum_{k <= c} w_k x_k[p]
+//   w_k  = delta_k exp(A (L_c - L_k)) (B_k . C)  (+ D for k = c)
+// (Cr = C rounded to bf16 in the 8/4-bit read modes, SPEC 5). A lane of a row holds 8 columns of
+// R and Cr and the entries k = lane_in_row + t N/8 of the ring term, so one reduction per row
+// gives y. Every block checks its entry as validate_tokens would before it writes anything, and
+// where the entry must flush (c = L) folds its own head first (flush_head) and reads the new
+// checkpoint; the entry's last block then appends ring B (finish_verify).
+inline constexpr int kSmallStepThreads = 128;
+static_assert(kSmallStepThreads == kFlushThreads, "small_step_kernel runs flush_head");
+// Rows per thread, all of them in flight at once (nemotron-h-8b: the head's 64 rows in one group
+// of 8 rows x 8 passes); fp32 codes are 8 registers per row chunk.
+constexpr int small_step_rows(Mode mode) { return mode == Mode::fp32 ? 4 : 8; }
+// Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass, so
+// history 16 takes one batch).
+inline constexpr int kSmallStepDots = 2;
+
+// Shared memory besides the fold's (which it overlays: the fold is over before these are set).
+struct SmallStepSmem {
+  float* delta;  // [L] delta_k of the entries 0..c
+  float* dot;    // [L] B_k . C
+  float* w;      // [L] w_k
+  float* dec;    // [1] exp(A L_c)
+  static size_t bytes(int L) { return sizeof(float) * (3 * size_t(L) + 1); }
+  __device__ static SmallStepSmem carve(float* base, int L) {
+    return {base, base + L, base + 2 * L, base + 3 * L};
+  }
+};
+
+// Grid (H / G, G, batch) of kSmallStepThreads: block (x, g, b) is head g H / G + x of entry b.
+// kEntries: ring entries per lane of a row (history <= kEntries N / 8).
+template <Mode kMode, typename ActT, int kEntries>
+__global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const ReplayParams p) {
+  constexpr int kRows = small_step_rows(kMode);
+  wait_for_previous_grid();  // launched dependent on the step before it
+  extern __shared__ float4 smem_raw[];
+  float* const smem = reinterpret_cast<float*>(smem_raw);
+  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
+  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  const bool f16 = p.act_f16;
+  const RowMap rm(p.lanes_per_row, kRows);
+  const int lanes = rm.lanes, lane = rm.lane_in_row;
+
+  // ---- round trip 1: what depends on (b, h) only
+  const int slot = p.slots[b];
+  const ActT* const x_in = static_cast<const ActT*>(p.x) + (int64_t(b) * H + h) * P;  // [P]
+  const ActT* const B_in = static_cast<const ActT*>(p.B) + (int64_t(b) * G + g) * N;  // [N]
+  constexpr int kVec = 16 / sizeof(ActT);
+  const int x_vectors = P / kVec;
+  float cr[8], b_window[8];  // columns n0.. of C (then Cr) and of the window's B
+  float dt_window;
+  uint4 x_vector;  // the window's x row of this head, in 16-byte vectors, for its ring append
+  // Loaded again after a fold, so that none of it is live across the fold's registers.
+  auto load_window = [&]() {
+    load8_act(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0, f16, cr);
+    load8_act(B_in + rm.n0, f16, b_window);
+    dt_window = p.dt[int64_t(b) * H + h];
+    x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
+                                            : make_uint4(0u, 0u, 0u, 0u);
+  };
+  load_window();
+  const bool nonfinite = entry_has_nonfinite<ActT, true, 16>(p, b, threadIdx.x, blockDim.x);
+  if (slot < 0) return;  // padding
+
+  // ---- round trip 2: the cursors and this head's read checkpoint
+  RawChunk raw[kRows];
+  int prow[kRows];
+  load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
+  SlotCursors cur = p.cursors[slot];
+  if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
+  // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
+  // itself; this block reads its writes after the barrier.
+  const bool folded = verify_needs_flush(cur, 1, L);  // c = L > 0
+  if (folded) {
+    flush_head<kMode, ActT, 2>(p, slot, cur, h, smem);
+    __syncthreads();
+    apply_flush(cur, L);
+    load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
+    load_window();
+  }
+  const SlotSections sec = slot_sections(p.geo, slot);
+  const float delta_window = process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+  const int c = cur.committed, m = c + 1;
+  const SmallStepSmem sm = SmallStepSmem::carve(smem, L);
+
+  // ---- round trip 3: the committed entries
+  // The ring term's x_k[p] of this thread's rows (row group at `base`) and entries.
+  auto load_x = [&](int base, float(&xk)[kRows][kEntries]) {
+#pragma unroll
+    for (int t = 0; t < kEntries; ++t) {
+      const int k = lane + t * lanes;
+      const ActT* row = k < c ? static_cast<const ActT*>(sec.ring_x) +
+                                    (int64_t(ring_index(cur, k, L)) * H + h) * P
+                              : x_in;  // k = c: the window's (k > c: never read)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        xk[r][t] = k < m ? act_f32(row[min(rm.row(base, r), P - 1)], f16) : 0.f;
+    }
+  };
+  float xk[kRows][kEntries];
+  load_x(0, xk);
+  if (int(threadIdx.x) < c)
+    sm.delta[threadIdx.x] = sec.ring_delta[ring_index(cur, threadIdx.x, L) * H + h];
+  if (int(threadIdx.x) == c) sm.delta[c] = delta_window;
+  // The window into the ring at logical c (read by no block of this step; after a fold in this
+  // kernel the position held entry 0, which only this head's fold read). Ring B by the group's
+  // first block, or after a fold by the entry's last block (finish_verify: the other blocks of
+  // the group fold entry 0's B until they finish).
+  const int phys = ring_index(cur, c, L);
+  for (int u = threadIdx.x; u < x_vectors; u += blockDim.x) {
+    if (u >= int(blockDim.x))  // x rows longer than a vector per thread (P > 128 / kVec x 8)
+      x_vector = reinterpret_cast<const uint4*>(x_in)[u];
+    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P)[u] =
+        x_vector;
+  }
+  if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = delta_window;
+  if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
+
+  // B_k . C of entries k = k0 + threadIdx.x / lanes + q per_pass, kSmallStepDots at a time. The
+  // trip count is the block's (the shuffles need every lane of the warp).
+  const int per_pass = rm.rows_per_pass, first = int(threadIdx.x) / lanes;
+  for (int k0 = 0; k0 < m; k0 += kSmallStepDots * per_pass) {
+    float bk[kSmallStepDots][8];
+#pragma unroll
+    for (int q = 0; q < kSmallStepDots; ++q) {
+      const int k = k0 + first + q * per_pass;
+      if (k < c) {
+        load8_act(static_cast<const ActT*>(sec.ring_B) +
+                      (int64_t(ring_index(cur, k, L)) * G + g) * N + rm.n0,
+                  f16, bk[q]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bk[q][i] = k == c ? b_window[i] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kSmallStepDots; ++q) {
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d += bk[q][i] * cr[i];
+      for (int o = lanes / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+      const int k = k0 + first + q * per_pass;
+      if (lane == 0 && k < m) sm.dot[k] = d;
+    }
+  }
+  __syncthreads();  // sm.delta, sm.dot
+  // The weights, thread k for entry k: running sums in the CPU reference's order (sequential).
+  if (int(threadIdx.x) < m) {
+    const int k = threadIdx.x;
+    float run = 0.f, Lk = 0.f;
+    for (int q = 0; q < m; ++q) {
+      run += sm.delta[q];
+      if (q == k) Lk = run;
+    }
+    const float A = p.head.A[h];
+    float w = sm.delta[k] * decay(A * (run - Lk)) * sm.dot[k];
+    if (k == c) {
+      w += p.head.D[h];
+      *sm.dec = decay(A * run);
+    }
+    sm.w[k] = w;
+  }
+  // The readout's C: rounded to bf16 in the 8/4-bit read modes (SPEC 5), as is otherwise.
+  if constexpr (has_bf16_readout(kMode)) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) cr[i] = bf16_to_f32(f32_to_bf16(cr[i]));
+  }
+  __syncthreads();  // sm.w, sm.dec
+  float wk[kEntries];
+#pragma unroll
+  for (int t = 0; t < kEntries; ++t) wk[t] = lane + t * lanes < m ? sm.w[lane + t * lanes] : 0.f;
+  const float dec = *sm.dec;
+
+  // ---- the readout, one row group at a time (nemotron-h-8b: one), the next one's loads ahead
+  const int per_value = lanes / kRows;  // lanes holding each row's sum after row_sum_values
+  const int64_t y0 = (int64_t(b) * H + h) * P;
+  for (int base = 0; base < P; base += rm.rows_per_group) {
+    float part[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float v[8];
+      const float scale = decode_raw8<kMode>(raw[r], false, v);
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += v[i] * cr[i];
+      float acc = dec * scale * s;
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) acc += wk[t] * xk[r][t];
+      part[r] = acc;
+    }
+    const int next = base + rm.rows_per_group;
+    if (next < P) {
+      load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
+      load_x(next, xk);
+    }
+    const float y = row_sum_values<kRows>(part, lane, lanes);
+    const int row = rm.row(base, lane / per_value);
+    if (lane % per_value == 0 && row < P) store_scalar(p.y, p.y_dtype, y0 + row, y);
+  }
+  finish_verify<ActT, true>(p, b, slot, H);
+}
+
+}  // namespace replayssm::cuda
