@@ -11,7 +11,7 @@ namespace replayssm::cuda {
 // mode. A streaming pass over the recurrence checkpoint of each flushing slot, one (slot, head)
 // item per block at a time, its next row group's loads in flight while the current one is folded
 // and encoded. The verify kernel that follows reads the new read checkpoint like any other; a
-// one-launch verify (small batches) runs flush_head for its block's heads itself.
+// one-launch step (small_step_kernel, small batches) runs flush_head for its block's head itself.
 inline constexpr int kFlushThreads = 128;
 // Rows per thread and pass in the flush, and the blocks per SM its registers aim at. The separate
 // modes (two encoders, the SR's Philox) fit 2 rows in 80 registers without spills, so 6 blocks

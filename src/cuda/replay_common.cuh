@@ -128,12 +128,13 @@ __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
 
 // Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
 // NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise.
-// kBatched (the one-launch verify, one block scanning a whole entry: 10 vectors per thread at
+// kBatched (a one-launch step, one block scanning a whole entry: 10 vectors per thread at
 // nemotron-h-8b's shape): the thread's dt values first, then the vectors in predicated batches of
-// 8 loads, where the loop unrolled over a run-time trip count issued its remainder one load per
-// round trip (H200, W = 1, separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9; every
-// 8/4-bit mode 1.0-1.2 us). validate_tokens_kernel, whose threads scan a vector or two, keeps the
-// plain loop (batched, W = 1 batch 64 took 0.3-0.4 us longer).
+// kScanBatch loads, where the loop unrolled over a run-time trip count issued its remainder one
+// load per round trip (H200, W = 1, separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9;
+// every 8/4-bit mode 1.0-1.2 us; small_step_kernel takes 16, one batch at that shape).
+// validate_tokens_kernel, whose threads scan a vector or two, keeps the plain loop (batched, W = 1
+// batch 64 took 0.3-0.4 us longer).
 template <typename ActT, bool kBatched = false, int kScanBatch = 8>
 __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
                                                     int64_t stride) {

@@ -11,20 +11,21 @@
 //                          + sum_{k <= i} delta_k exp(A (L_i - L_k)) (B_k . C_j) x_k[p] + D x_j[p]
 //                    the window's ring x, delta and B, and (the last block of each entry) the
 //                    cursors
-// Decode steps (W = 1) of small batches whose verify blocks hold one head each run as one launch
-// of verify (VerifyVariant::one_launch): each block validates its entry and folds its own head
-// where the entry flushes. An explicit flush runs validate_slots (lists the slots to fold), flush
-// and flush_finalize. In the 8/4-bit read modes R are code values (exact in bf16) and C_j is
-// rounded to bf16 (BF16 readout rule); products are exact in fp32 and summed in fp32.
+// Decode steps (W = 1) of small batches run as one launch of small_step_kernel, a block per
+// (entry, head): each block validates its entry and folds its own head where the entry flushes. An
+// explicit flush runs validate_slots (lists the slots to fold), flush and flush_finalize. In the
+// 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16 (BF16 readout
+// rule); products are exact in fp32 and summed in fp32.
 //
 // The kernels live in one header per idea, included here in dependency order:
-//   replay_common.cuh    parameters, errors, validation, shared-memory layouts, staging, fold
-//   flush_kernel.cuh     flush_head and flush_kernel
-//   verify_staging.cuh   the verify's checkpoint stages, cp.async, ring appends, finish_verify
-//   verify_mma.cuh       the tensor-core readout (mma_tile, C fragments, W > 1 ring term)
-//   verify_direct.cuh    the readout from registers at W <= 4 (VerifyVariant::chained_direct)
-//   verify_kernel.cuh    verify_kernel and its variants
-//   prefill_kernels.cuh  prefill_kernel and dense_kernel (state, import)
+//   replay_common.cuh      parameters, errors, validation, shared-memory layouts, staging, fold
+//   flush_kernel.cuh       flush_head and flush_kernel
+//   verify_staging.cuh     the verify's checkpoint stages, cp.async, ring appends, finish_verify
+//   small_step_kernel.cuh  the decode step of a small batch in one launch
+//   verify_mma.cuh         the tensor-core readout (mma_tile, C fragments, W > 1 ring term)
+//   verify_direct.cuh      the readout from registers at W <= 4 (VerifyVariant::chained_direct)
+//   verify_kernel.cuh      verify_kernel and its variants
+//   prefill_kernels.cuh    prefill_kernel and dense_kernel (state, import)
 #pragma once
 
 #include "cuda/flush_kernel.cuh"

@@ -75,13 +75,10 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
   });
 }
 
-// verify_kernel's shared memory; in one launch also the fold's, where that is larger (small
-// shapes).
-inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int heads, Mode mode,
-                          bool one_launch) {
-  const size_t own = StepSmem::bytes(L, N, windows, heads, has_bf16_readout(mode)) +
-                     verify_stages(windows) * lc.verify_stage_bytes;
-  return one_launch ? std::max(own, lc.smem_fold) : own;
+// verify_kernel's shared memory.
+inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int heads, Mode mode) {
+  return StepSmem::bytes(L, N, windows, heads, has_bf16_readout(mode)) +
+         verify_stages(windows) * lc.verify_stage_bytes;
 }
 
 // small_step_kernel's shared memory: its own, or the fold's where that is larger.
@@ -91,9 +88,10 @@ inline size_t small_step_smem(const LaunchConfig& lc, int L) {
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
 // specialised for the window rounded up to 1, 4 or 8, for the ring entries per lane, and for how
-// the step runs (VerifyVariant: verify_in_one_launch, verify_direct_ok and verify_direct_fits at
+// the step runs (VerifyVariant: verify_direct_ok and verify_direct_fits at
 // W <= kDirectMaxWindow, or at W = 5 to 8 where the ring term is on the tensor cores
 // (direct_ring_mma_ok), verify_wide, else chained).
+// A step in one launch (verify_in_one_launch) is small_step_kernel's instead.
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
@@ -105,7 +103,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
   };
   auto run = [&](auto kernel, int windows) {
-    run_with(kernel, verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode, one_launch));
+    run_with(kernel, verify_smem(lc, p.L, p.N, windows, p.heads_per_block, kMode));
   };
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
@@ -195,10 +193,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       using V = VerifyVariant;
       load_kernel(small_step_kernel<kMode, ActT, kEntries>, small_step_smem(lc, L));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
-                  verify_smem(lc, L, N, 1, max_heads, kMode, false));
+                  verify_smem(lc, L, N, 1, max_heads, kMode));
       if constexpr (has_bf16_readout(kMode))
         load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained_wide>,
-                    verify_smem(lc, L, N, 1, max_heads, kMode, false));
+                    verify_smem(lc, L, N, 1, max_heads, kMode));
       auto load_direct = [&]<int kW>() {  // the largest block a launch may take (fits)
         const size_t smem =
             std::min(verify_direct_smem_any(L, N, P, max_heads, kW), kDirectMaxSmem);
@@ -215,9 +213,9 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
             load_direct.template operator()<8>();
         }
       load_kernel(verify_kernel<kMode, ActT, 4, kEntries, V::chained>,
-                  verify_smem(lc, L, N, 4, max_heads, kMode, false));
+                  verify_smem(lc, L, N, 4, max_heads, kMode));
       load_kernel(verify_kernel<kMode, ActT, 8, kEntries, V::chained>,
-                  verify_smem(lc, L, N, 8, max_heads, kMode, false));
+                  verify_smem(lc, L, N, 8, max_heads, kMode));
     };
     if (lc.entries_per_lane == 1)
       verify_kernels.template operator()<1>();

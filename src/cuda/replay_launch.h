@@ -35,14 +35,15 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
   return 1;
 }
 
-// Autoregressive steps (W = 1) of small batches whose verify blocks hold one head each run as one
-// launch of verify_kernel (no validate_tokens, no flush_kernel before it): there a step is bound
-// by the latency of its chain of kernels (H200, separate-fp8 batch 1: one node fewer, the flush
-// inside the verify, took a step from 14.5 to 12.7 us). With several heads per block a flushing
-// entry's blocks would fold their heads one after another while flush_kernel spreads them over
-// the GPU (batch 64: 61.0 -> 73.3 us); and every block reads its whole entry's inputs to validate
-// them, 20 KB at W = 1 for nemotron-h-8b but 160 KB at W = 8, so larger batches and windows keep
-// three launches.
+// Autoregressive steps (W = 1) of small batches whose verify blocks would hold one head each run
+// as one launch of small_step_kernel (no validate_tokens, no flush_kernel before it): there a
+// step is bound by the latency of its chain of kernels and round trips (H200, separate-fp8 batch
+// 1: one node fewer, the flush inside the verify, took a step from 14.5 to 12.7 us in
+// verify_kernel; small_step_kernel, session 27, 9.7 -> 8.5 us). With several heads per block a
+// flushing entry's blocks would fold their heads one after another while flush_kernel spreads them
+// over the GPU (batch 64: 61.0 -> 73.3 us); and every block reads its whole entry's inputs to
+// validate them, 20 KB at W = 1 for nemotron-h-8b but 160 KB at W = 8, so larger batches and
+// windows keep three launches.
 inline constexpr int kOneLaunchMaxBatch = 8;
 inline bool verify_in_one_launch(const ReplayParams& p) {
   return p.tokens == 1 && p.heads_per_block == 1 && p.batch <= kOneLaunchMaxBatch;
@@ -79,8 +80,8 @@ struct ModeLaunchers {
   // The entries the validate kernel listed: fold + encode (flush_kernel).
   static void flush(const ReplayParams& p, const LaunchConfig& lc);
   // Every entry: readout, ring term, y, ring x/delta/B append, cursors (verify_kernel), with
-  // p.heads_per_block = verify_heads_per_block(...); in one launch (verify_in_one_launch) also
-  // the validation and the flush.
+  // p.heads_per_block = verify_heads_per_block(...); in one launch (verify_in_one_launch:
+  // small_step_kernel, a block per entry and head) also the validation and the flush.
   static void verify(const ReplayParams& p, const LaunchConfig& lc);
   // state(slot, at) into p.dense, or (encode) p.dense into the slot's checkpoints.
   static void dense(const ReplayParams& p, const LaunchConfig& lc, int slot, bool encode);

@@ -48,12 +48,30 @@ struct SmallStepSmem {
   }
 };
 
+// Eight activations as they are in memory (16 or 32 bytes), converted where they are used: half
+// the registers of their fp32 values for 16-bit activations.
+template <typename ActT>
+struct Act8 {
+  uint4 raw[sizeof(ActT) / 2] = {};
+  __device__ void load(const ActT* src) {
+#pragma unroll
+    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) raw[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+  __device__ void get(bool f16, float (&out)[8]) const {
+    load8_act(reinterpret_cast<const ActT*>(raw), f16, out);
+  }
+};
+
 // Grid (H / G, G, batch) of kSmallStepThreads: block (x, g, b) is head g H / G + x of entry b.
 // kEntries: ring entries per lane of a row (history <= kEntries N / 8).
 template <Mode kMode, typename ActT, int kEntries>
 __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const ReplayParams p) {
   constexpr int kRows = small_step_rows(kMode);
-  wait_for_previous_grid();  // launched dependent on the step before it
+  // Launched dependent on the step before it; the next kernel's blocks may be scheduled at once
+  // (they wait in wait_for_previous_grid for this grid to complete), which takes their launch
+  // out of a small batch's step.
+  wait_for_previous_grid();
+  allow_dependent_launch();
   extern __shared__ float4 smem_raw[];
   float* const smem = reinterpret_cast<float*>(smem_raw);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
@@ -68,13 +86,14 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   const ActT* const B_in = static_cast<const ActT*>(p.B) + (int64_t(b) * G + g) * N;  // [N]
   constexpr int kVec = 16 / sizeof(ActT);
   const int x_vectors = P / kVec;
-  float cr[8], b_window[8];  // columns n0.. of C (then Cr) and of the window's B
+  float cr[8];          // columns n0.. of C (then Cr)
+  Act8<ActT> b_window;  // and of the window's B
   float dt_window;
   uint4 x_vector;  // the window's x row of this head, in 16-byte vectors, for its ring append
   // Loaded again after a fold, so that none of it is live across the fold's registers.
   auto load_window = [&]() {
     load8_act(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0, f16, cr);
-    load8_act(B_in + rm.n0, f16, b_window);
+    b_window.load(B_in + rm.n0);
     dt_window = p.dt[int64_t(b) * H + h];
     x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
                                             : make_uint4(0u, 0u, 0u, 0u);
@@ -83,14 +102,49 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   const bool nonfinite = entry_has_nonfinite<ActT, true, 16>(p, b, threadIdx.x, blockDim.x);
   if (slot < 0) return;  // padding
 
-  // ---- round trip 2: the cursors and this head's read checkpoint
+  // ---- round trip 2: everything at the slot's addresses: the cursors, this head's read
+  // checkpoint rows and every ring position (which of them hold committed entries, and in which
+  // logical order, is known only when the cursors arrive; loading the L positions instead of the
+  // c entries saves the round trip that would wait for them)
   RawChunk raw[kRows];
   int prow[kRows];
-  load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
+  ActT ring_x[kRows][kEntries];           // x at position lane + t N/8 of this thread's rows
+  Act8<ActT> ring_b[kSmallStepDots];      // B at positions threadIdx.x / (N/8) + q rows_per_pass
+  float ring_delta = 0.f;                 // delta_h at position threadIdx.x (< L)
+  const int per_pass = rm.rows_per_pass;  // B rows (positions) per pass of the block
+  const int first = int(threadIdx.x) / lanes;
+  // Ring x of the row group at `base` (positions past L load position 0: never used).
+  auto load_ring_x = [&](const SlotSections& s, int base) {
+#pragma unroll
+    for (int t = 0; t < kEntries; ++t) {
+      const int pos = lane + t * lanes < L ? lane + t * lanes : 0;
+      const ActT* row = static_cast<const ActT*>(s.ring_x) + (int64_t(pos) * H + h) * P;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) ring_x[r][t] = row[min(rm.row(base, r), P - 1)];
+    }
+  };
+  // Ring B of the positions k0 + first + q rows_per_pass.
+  auto load_ring_b = [&](const SlotSections& s, int k0) {
+#pragma unroll
+    for (int q = 0; q < kSmallStepDots; ++q) {
+      const int pos = k0 + first + q * per_pass;
+      ring_b[q].load(static_cast<const ActT*>(s.ring_B) + (int64_t(pos < L ? pos : 0) * G + g) * N +
+                     rm.n0);
+    }
+  };
+  {
+    const SlotSections s = slot_sections(p.geo, slot);
+    load_group<kMode>(s, rm, h, P, N, 0, false, raw, prow);
+    load_ring_x(s, 0);
+    load_ring_b(s, 0);
+    if (int(threadIdx.x) < L) ring_delta = s.ring_delta[threadIdx.x * H + h];
+  }
   SlotCursors cur = p.cursors[slot];
+  const SlotCursors before = cur;  // what finish_verify would load again
   if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
-  // itself; this block reads its writes after the barrier.
+  // itself (what is loaded above is loaded again or, the ring being empty after it, unused);
+  // this block reads its writes after the barrier.
   const bool folded = verify_needs_flush(cur, 1, L);  // c = L > 0
   if (folded) {
     flush_head<kMode, ActT, 2>(p, slot, cur, h, smem);
@@ -98,31 +152,38 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     apply_flush(cur, L);
     load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
     load_window();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int t = 0; t < kEntries; ++t) ring_x[r][t] = ActT(0);
+#pragma unroll
+    for (int q = 0; q < kSmallStepDots; ++q) ring_b[q] = Act8<ActT>{};
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   const float delta_window = process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
   const int c = cur.committed, m = c + 1;
+  // Logical index of ring position `pos` (entries 0..c-1 committed; c: the window's position).
+  auto logical = [&](int pos) { return (pos - cur.origin) & (L - 1); };
   const SmallStepSmem sm = SmallStepSmem::carve(smem, L);
-
-  // ---- round trip 3: the committed entries
-  // The ring term's x_k[p] of this thread's rows (row group at `base`) and entries.
-  auto load_x = [&](int base, float(&xk)[kRows][kEntries]) {
+  if (int(threadIdx.x) < L && logical(threadIdx.x) < c) sm.delta[logical(threadIdx.x)] = ring_delta;
+  if (threadIdx.x == 0) sm.delta[c] = delta_window;
+  // The ring term's x_k[p] and the entries k whose weights the lane takes: the committed entries
+  // at the lane's positions, and the window's (input) x where the lane's position is logical c.
+  float xw[kRows];  // the window's x of this thread's rows
+  auto load_window_x = [&](int base) {
 #pragma unroll
-    for (int t = 0; t < kEntries; ++t) {
-      const int k = lane + t * lanes;
-      const ActT* row = k < c ? static_cast<const ActT*>(sec.ring_x) +
-                                    (int64_t(ring_index(cur, k, L)) * H + h) * P
-                              : x_in;  // k = c: the window's (k > c: never read)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        xk[r][t] = k < m ? act_f32(row[min(rm.row(base, r), P - 1)], f16) : 0.f;
-    }
+    for (int r = 0; r < kRows; ++r) xw[r] = act_f32(x_in[min(rm.row(base, r), P - 1)], f16);
   };
-  float xk[kRows][kEntries];
-  load_x(0, xk);
-  if (int(threadIdx.x) < c)
-    sm.delta[threadIdx.x] = sec.ring_delta[ring_index(cur, threadIdx.x, L) * H + h];
-  if (int(threadIdx.x) == c) sm.delta[c] = delta_window;
+  load_window_x(0);
+  int lane_k[kEntries];  // logical entry of the lane's position t, L where none (w = 0)
+#pragma unroll
+  for (int t = 0; t < kEntries; ++t) {
+    const int pos = lane + t * lanes, k = logical(pos);
+    lane_k[t] = pos < L && k <= c ? k : L;
+  }
+  auto ring_term_x = [&](int r, int t) {
+    return lane_k[t] < c ? act_f32(ring_x[r][t], f16) : lane_k[t] == c ? xw[r] : 0.f;
+  };
   // The window into the ring at logical c (read by no block of this step; after a fold in this
   // kernel the position held entry 0, which only this head's fold read). Ring B by the group's
   // first block, or after a fold by the entry's last block (finish_verify: the other blocks of
@@ -137,30 +198,19 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = delta_window;
   if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
 
-  // B_k . C of entries k = k0 + threadIdx.x / lanes + q per_pass, kSmallStepDots at a time. The
-  // trip count is the block's (the shuffles need every lane of the warp).
-  const int per_pass = rm.rows_per_pass, first = int(threadIdx.x) / lanes;
-  for (int k0 = 0; k0 < m; k0 += kSmallStepDots * per_pass) {
-    float bk[kSmallStepDots][8];
+  // B_k . C of the positions k0 + first + q rows_per_pass, kSmallStepDots at a time (the first
+  // batch loaded above); the trip count is the block's (the shuffles need every lane of the warp).
+  for (int k0 = 0; k0 < L; k0 += kSmallStepDots * per_pass) {
+    if (k0 > 0) load_ring_b(sec, k0);  // history 32, or dstate 256: more positions than a batch
 #pragma unroll
     for (int q = 0; q < kSmallStepDots; ++q) {
-      const int k = k0 + first + q * per_pass;
-      if (k < c) {
-        load8_act(static_cast<const ActT*>(sec.ring_B) +
-                      (int64_t(ring_index(cur, k, L)) * G + g) * N + rm.n0,
-                  f16, bk[q]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) bk[q][i] = k == c ? b_window[i] : 0.f;
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kSmallStepDots; ++q) {
+      const int pos = k0 + first + q * per_pass, k = pos < L ? logical(pos) : L;
+      float bk[8];
+      (k < c ? ring_b[q] : k == c ? b_window : Act8<ActT>{}).get(f16, bk);
       float d = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) d += bk[q][i] * cr[i];
+      for (int i = 0; i < 8; ++i) d += bk[i] * cr[i];
       for (int o = lanes / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
-      const int k = k0 + first + q * per_pass;
       if (lane == 0 && k < m) sm.dot[k] = d;
     }
   }
@@ -189,7 +239,7 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   __syncthreads();  // sm.w, sm.dec
   float wk[kEntries];
 #pragma unroll
-  for (int t = 0; t < kEntries; ++t) wk[t] = lane + t * lanes < m ? sm.w[lane + t * lanes] : 0.f;
+  for (int t = 0; t < kEntries; ++t) wk[t] = lane_k[t] < m ? sm.w[lane_k[t]] : 0.f;
   const float dec = *sm.dec;
 
   // ---- the readout, one row group at a time (nemotron-h-8b: one), the next one's loads ahead
@@ -206,19 +256,20 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
       for (int i = 0; i < 8; ++i) s += v[i] * cr[i];
       float acc = dec * scale * s;
 #pragma unroll
-      for (int t = 0; t < kEntries; ++t) acc += wk[t] * xk[r][t];
+      for (int t = 0; t < kEntries; ++t) acc += wk[t] * ring_term_x(r, t);
       part[r] = acc;
     }
     const int next = base + rm.rows_per_group;
     if (next < P) {
       load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
-      load_x(next, xk);
+      load_ring_x(sec, next);
+      load_window_x(next);
     }
     const float y = row_sum_values<kRows>(part, lane, lanes);
     const int row = rm.row(base, lane / per_value);
     if (lane % per_value == 0 && row < P) store_scalar(p.y, p.y_dtype, y0 + row, y);
   }
-  finish_verify<ActT, true>(p, b, slot, H);
+  finish_verify<ActT, true>(p, b, slot, H, &before);
 }
 
 }  // namespace replayssm::cuda

@@ -12,7 +12,7 @@ namespace replayssm::cuda {
 
 // ---- verify ------------------------------------------------------------------------------------
 // One block per (batch entry, group, chunk of heads_per_block heads of the group), for every slot
-// (a flushing slot's block first folds its heads, flush_head; its window starts at logical 0):
+// (a flushing slot's heads were folded by flush_kernel; its window starts at logical 0):
 //
 //   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p] + D x_i[p]
 //   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j),         i = c + j,  L_k = delta_0 + ... +
@@ -37,7 +37,6 @@ enum class VerifyVariant {
   chained,         // after validate_tokens and flush_kernel
   chained_wide,    // the same for W = 1 on the tensor cores, where the grid is one wave at 4
                    // blocks per SM: registers for 4 blocks instead of 6
-  one_launch,      // the whole step in this kernel (validation, fold): small batches
   chained_direct,  // codes on the tensor cores, W <= kDirectMaxWindow (or up to 8 with the ring
                    // term on the tensor cores): A fragments loaded from global memory into
                    // registers (DirectReader), no staging (verify_direct_ok)
@@ -47,37 +46,21 @@ enum class VerifyVariant {
 // -v). The tensor-core path keeps C in shared memory and its stages and fragments leave room
 // for 6 blocks at W = 1 (about 37 KB each at nemotron-h-8b's shape; aiming at 8 blocks, i.e. 64
 // registers, spilled 8 bytes); the FMA path at W = 1 holds one row of C in 8 registers.
-// The wide and one-launch variants aim at 4 at most: 128 registers leave the readout's per-unit
-// addressing in registers (the wide variant: H200, W = 1 batch 64, 54.6 -> 50.6 us shared-fp8,
-// 61.1 -> 57.2 separate-fp8; at batch 256, several waves, 4 blocks per SM lost 2%), and the fold
-// of a one-launch step has registers to spare.
+// The wide variant aims at 4: 128 registers leave the readout's per-unit addressing in registers
+// (H200, W = 1 batch 64, 54.6 -> 50.6 us shared-fp8, 61.1 -> 57.2 separate-fp8; at batch 256,
+// several waves, 4 blocks per SM lost 2%).
 constexpr int verify_min_blocks(Mode mode, int kW, VerifyVariant variant) {
   if (variant == VerifyVariant::chained_direct) return kDirectMinBlocks;
   const int blocks = has_bf16_readout(mode) ? (kW == 1 ? 6 : 4) : kW == 1 ? 8 : 3;
   return variant != VerifyVariant::chained && blocks > 4 ? 4 : blocks;
 }
 
-// The flush of a one-launch verify block's heads, 2 rows per thread and pass (the separate
-// modes' flush_kernel fits them in 80 registers).
-template <Mode kMode, typename ActT>
-__device__ __forceinline__ void verify_flush_heads(const ReplayParams& p, int slot,
-                                                   const SlotCursors& cur, int h0, float* smem) {
-  for (int hh = 0; hh < p.heads_per_block; ++hh) {
-    flush_head<kMode, ActT, 2>(p, slot, cur, h0 + hh, smem);
-    __syncthreads();  // the next head's fold, or the verify's staging, overwrites shared memory
-  }
-}
-
-// VerifyVariant::one_launch: the whole step in this one kernel, for small batches whose blocks hold
-// one head each (launch latency dominates there): each block checks its entry as validate_tokens
-// would and folds its own heads where the entry must flush. Otherwise validate_tokens and
-// flush_kernel ran before it.
-// kDirectBlocks: the direct readout's 64-column blocks per row (N / 64), 0 in the other variants.
+// After validate_tokens and flush_kernel (the decode steps of small batches run
+// small_step_kernel instead, one launch).
 template <Mode kMode, typename ActT, int kW, int kEntries, VerifyVariant kVariant,
           int kDirectBlocks = 0>
 __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, kVariant))
     verify_kernel(const ReplayParams p) {
-  constexpr bool kOneLaunch = kVariant == VerifyVariant::one_launch;
   constexpr bool kDirect = kVariant == VerifyVariant::chained_direct;
   static_assert(!kDirect || (has_direct_readout(kMode) && kDirectBlocks > 0),
                 "the direct readout: codes on the tensor cores, N = 64 kDirectBlocks");
@@ -85,45 +68,24 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
   // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
   // this grid cannot complete before the flush and whatever follows in the stream sees both.
-  if (kOneLaunch || (blockIdx.x | blockIdx.y | blockIdx.z) == 0) wait_for_previous_grid();
+  if ((blockIdx.x | blockIdx.y | blockIdx.z) == 0) wait_for_previous_grid();
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
   const int b = blockIdx.z, g = blockIdx.y;
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
-  int slot;
-  SlotCursors after;    // the cursors of this verify (flushed below where the entry must flush)
-  bool folded = false;  // one launch: this kernel flushed the entry (then ring B: finish_verify)
-  if constexpr (kOneLaunch) {
-    slot = p.slots[b];
-    // The input scan needs only b: its loads go out with the slot's, in batches (H200, phase
-    // clocks of a batch-1 step: the validation took 6200 of its 18000 cycles, the chain slot ->
-    // cursors -> scan -> scan remainder -> dt one round trip after another).
-    const bool nonfinite = entry_has_nonfinite<ActT, true>(p, b, threadIdx.x, blockDim.x);
-    if (slot < 0) return;  // padding
-    const SlotCursors before = p.cursors[slot];
-    if (!entry_valid(p, slot, before, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
-    // SPEC 4: the flush comes first. Each block folds and encodes its own heads (no other block
-    // reads their checkpoints, ring x or deltas), then reads out the new checkpoints like any
-    // other block. Nothing else is live across the fold, which has the registers to itself.
-    folded = verify_needs_flush(before, W, L);  // then c > 0, since W <= L / 2
-    if (folded)
-      verify_flush_heads<kMode, ActT>(p, slot, before, h0, reinterpret_cast<float*>(smem_raw));
-    after = before;
-  } else {
-    // Both loads in flight together; the entry is used only when its status words are all 0
-    // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
-    const ValidatedEntry e = p.entries[b];
-    if (!slot_ok(p, b)) return;  // invalid: uniform over the block
-    slot = e.slot;
-    after = e.cursors;
-    // validate_tokens completed before any flush block got past its wait, so the status words
-    // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
-    if (verify_needs_flush(after, W, L)) wait_for_previous_grid();
-  }
+  // Both loads in flight together; the entry is used only when its status words are all 0
+  // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
+  const ValidatedEntry e = p.entries[b];
+  if (!slot_ok(p, b)) return;  // invalid: uniform over the block
+  const int slot = e.slot;
+  SlotCursors after = e.cursors;  // the cursors of this verify (flushed below where it flushes)
+  // validate_tokens completed before any flush block got past its wait, so the status words
+  // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
+  if (verify_needs_flush(after, W, L)) wait_for_previous_grid();
   const SlotSections sec = slot_sections(p.geo, slot);
-  if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel or the fold did it
+  if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel did it
   const int c = after.committed, m = c + W;
   // The 8/4-bit read modes read out on the tensor cores, the others on FFMA with Cr_j in
   // registers.
@@ -254,13 +216,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
-  // The tensor-core readouts of the direct and one-launch variants with 16-bit activations
-  // (kRawStage) copy B and C as they are, by cp.async into the space of sm.B and sm.C: every
-  // row's copy is in flight at once, where the fp32 staging took two round trips, and both are
-  // read only by the tensor cores (the dots and the C fragments), which take 16-bit operands. A
-  // one-wave grid (W = 1 at batch 64; a one-launch step) overlaps no block's prologue with another
-  // block's readout, so each round trip saved is the kernel's.
-  constexpr bool kRawStage = (kDirect || (kOneLaunch && kMma)) && sizeof(ActT) == 2;
+  // The direct readout with 16-bit activations (kRawStage) copies B and C as they are, by
+  // cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
+  // fp32 staging took two round trips, and both are read only by the tensor cores (the dots and
+  // the C fragments), which take 16-bit operands. A one-wave grid (W = 1 at batch 64) overlaps no
+  // block's prologue with another block's readout, so each round trip saved is the kernel's.
+  constexpr bool kRawStage = kDirect && sizeof(ActT) == 2;
   uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
   uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
   if constexpr (kRawStage) {
@@ -339,9 +300,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
     // Ring B of the group, by the group's first block: the other blocks of the group stage only
     // committed entries (logical < c), and flush_kernel has folded what these positions held.
-    // After a fold in this kernel, by the entry's last block (finish_verify). kRawStage: from the
-    // staged rows, after the barrier below.
-    if (!kRawStage && !folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
+    // kRawStage: from the staged rows, after the barrier below.
+    if (!kRawStage && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, after, g, 1);
   }
   if constexpr (kAhead) {
     // The deltas of every head of the block, loaded ahead of the staging (the window's come from
@@ -390,7 +350,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
             return f16 ? bf16_to_f32(f32_to_bf16(v)) : v;
           },
           N, W, blockDim.x / 32 - 1);
-      if (!folded && blockIdx.x == 0)  // ring B of the group (above), from the staged rows
+      if (blockIdx.x == 0)  // ring B of the group (above), from the staged rows
         append_window_B_from<ActT>(p, sec, after, g, 1,
                                    reinterpret_cast<const ActT*>(b_raw + c * N), N);
     }
@@ -700,7 +660,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
   }
-  finish_verify<ActT, kOneLaunch>(p, b, slot, G * chunks);
+  finish_verify<ActT, false>(p, b, slot, G * chunks);
 }
 
 }  // namespace replayssm::cuda

@@ -195,14 +195,18 @@ __device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
 
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
 // counter) advances the slot's cursors, so no block of the entry can still read the old ones
-// and no separate finalize launch is needed. In one launch, where the entry flushed (its blocks
-// folded their heads in this kernel), that whole block also appends the window's B of every
+// and no separate finalize launch is needed. In one launch (small_step_kernel), where the entry
+// flushed (its blocks folded their heads in that kernel), that whole block also appends the
+// window's B of every
 // group: the window's ring positions may be those of committed entries (c + W wraps past the
 // ring's end), whose B the other blocks of the group fold until they finish. Uniform over the
 // block.
+// `known`: the slot's cursors as every block of the entry read them, where the caller holds them
+// (then the last block does not wait for them again).
 template <typename ActT, bool kOneLaunch>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
-                                              int blocks_per_entry) {
+                                              int blocks_per_entry,
+                                              const SlotCursors* known = nullptr) {
   __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
   bool last = false;
   if (threadIdx.x == 0) {
@@ -215,7 +219,7 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
     return;
   }
   __threadfence();
-  SlotCursors cur = p.cursors[slot];
+  SlotCursors cur = known != nullptr ? *known : p.cursors[slot];
   const bool flush = verify_needs_flush(cur, p.tokens, p.L);
   if (flush) apply_flush(cur, p.L);
   if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
