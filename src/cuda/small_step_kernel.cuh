@@ -14,10 +14,16 @@ namespace replayssm::cuda {
 // (600-800 cycles each on the H200) and barriers. So the block issues everything as soon as its
 // address is known and has no staging:
 //
-//   round trip 1  slot id; the entry's inputs (the validation scan), this head's C, B, dt
-//   round trip 2  the slot's cursors; the head's read-checkpoint rows (RowMap, into registers)
-//   round trip 3  the committed entries' B (for B_k . C), x (the ring term) and deltas
+//   round trip 1  slot id; the entry's inputs (the validation scan), this head's C, B, dt, x
+//   round trip 2  the slot's cursors; the head's read-checkpoint rows (RowMap, into registers);
+//                 B, x and delta at every ring position (the cursors then say which positions
+//                 hold committed entries and in which order: loading the L positions instead of
+//                 the c entries takes a round trip out of the step)
 //   then          B_k . C, the weights, the readout, y; the arrival counter (finish_verify)
+//
+// (H200, session 27, bench/results/2026-12-02-h200-session27.md: batch 1 separate-fp8 9.7 us in
+// verify_kernel's former one-launch variant, 8.5 with the ring a third round trip, 7.2 since;
+// phase clocks of block 0: bench/diagnostics/small-step-phase-clock.patch.)
 //
 // with, at logical position c (c committed entries; L_k = delta_0 + ... + delta_k),
 //   y[p] = exp(A L_c) scale_p sum_n R[p,n] Cr[n] + sum_{k <= c} w_k x_k[p]
