@@ -109,32 +109,34 @@ __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
   return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
 }
 
-// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones).
+// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones). Per
+// 32-bit word, all values at once: the exponent fields masked and incremented at their lowest bit
+// carry into the bit above each field (a sign position, cleared by the mask) exactly where a
+// field is all ones, and no carry crosses into the next value (3 instructions a word instead of
+// a compare per value).
 template <typename ActT>
 __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (sizeof(ActT) == 4) {
-      bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
-    } else {
-      const uint32_t m = f16 ? 0x7c00u : 0x7f80u;
-      bad |= (w[i] & m) == m || ((w[i] >> 16) & m) == m;
-    }
+  uint32_t field, lowest, carry;
+  if constexpr (sizeof(ActT) == 4) {
+    field = 0x7f800000u, lowest = 0x00800000u, carry = 0x80000000u;
+  } else if (f16) {
+    field = 0x7c007c00u, lowest = 0x04000400u, carry = 0x80008000u;
+  } else {
+    field = 0x7f807f80u, lowest = 0x00800080u, carry = 0x80008000u;
   }
-  return bad;
+  const uint32_t any = ((v.x & field) + lowest) | ((v.y & field) + lowest) |
+                       ((v.z & field) + lowest) | ((v.w & field) + lowest);
+  return (any & carry) != 0;
 }
 
 // Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
 // NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise.
 // kBatched (a one-launch step, one block scanning a whole entry: 10 vectors per thread at
-// nemotron-h-8b's shape): the thread's dt values first, then the vectors in predicated batches of
-// kScanBatch loads, where the loop unrolled over a run-time trip count issued its remainder one
-// load per round trip (H200, W = 1, separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9;
-// every 8/4-bit mode 1.0-1.2 us; small_step_kernel takes 16, one batch at that shape).
-// validate_tokens_kernel, whose threads scan a vector or two, keeps the plain loop (batched, W = 1
-// batch 64 took 0.3-0.4 us longer).
+// nemotron-h-8b's shape): the vectors in predicated batches of kScanBatch loads, where the loop
+// unrolled over a run-time trip count issued its remainder one load per round trip (H200, W = 1,
+// separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9; every 8/4-bit mode 1.0-1.2 us;
+// small_step_kernel takes 16, one batch at that shape). validate_tokens_kernel, whose threads scan
+// a vector or two, keeps the plain loop (batched, W = 1 batch 64 took 0.3-0.4 us longer).
 template <typename ActT, bool kBatched = false, int kScanBatch = 8>
 __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
                                                     int64_t stride) {
@@ -151,7 +153,8 @@ __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b
   };
   bool bad = false;
   if constexpr (kBatched) {
-    for (int64_t i = first; i < nd; i += stride) bad |= !isfinite(dt[i]);
+    // The thread's first dt value is loaded with the first batch of vectors and tested after it.
+    const float dt0 = first < nd ? dt[first] : 0.f;
     for (int64_t u0 = first; u0 < total; u0 += kScanBatch * stride) {
       uint4 v[kScanBatch];
 #pragma unroll
@@ -162,6 +165,8 @@ __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b
 #pragma unroll
       for (int i = 0; i < kScanBatch; ++i) bad |= nonfinite16<ActT>(v[i], p.act_f16);
     }
+    bad |= !isfinite(dt0);
+    for (int64_t i = first + stride; i < nd; i += stride) bad |= !isfinite(dt[i]);
   } else {
 #pragma unroll 8  // several of a thread's loads in flight together
     for (int64_t u = first; u < total; u += stride) bad |= nonfinite16<ActT>(vector(u), p.act_f16);
