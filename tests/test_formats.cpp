@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/formats.h"
+#include "core/nonfinite.h"
 #include "core/philox.h"
 
 namespace replayssm {
@@ -87,6 +88,43 @@ struct Rng {
 
 // ---------------------------------------------------------------------------------------------
 // Exhaustive decode / re-encode.
+
+// The packed NaN / Inf test of the device's input validation (core/nonfinite.h) against
+// std::isfinite of the decoded values: every bf16 and fp16 pattern in either half of a word, next
+// to a finite, an infinite and a NaN neighbour, and every fp32 exponent with both signs and
+// mantissas at the edges and in between.
+TEST(PackedNonfinite, MatchesIsfiniteOfEveryValue) {
+  for (const bool f16 : {false, true}) {
+    const PackedFields f = packed_fields(2, f16);
+    auto decode = [&](uint32_t h) {
+      return f16 ? f16_to_f32(uint16_t(h)) : bf16_to_f32(uint16_t(h));
+    };
+    const uint32_t inf = f16 ? 0x7c00u : 0x7f80u;
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+      for (const uint32_t other : {0x0000u, 0x3c01u, 0x8001u, inf, inf | 1u, 0xffffu}) {
+        const bool expect = !std::isfinite(decode(h)) || !std::isfinite(decode(other));
+        ASSERT_EQ(any_nonfinite(exponent_carries(h | other << 16, f), f), expect)
+            << (f16 ? "fp16 " : "bf16 ") << std::hex << h << " low, " << other << " high";
+        ASSERT_EQ(any_nonfinite(exponent_carries(other | h << 16, f), f), expect)
+            << (f16 ? "fp16 " : "bf16 ") << std::hex << h << " high, " << other << " low";
+      }
+    }
+  }
+  const PackedFields f = packed_fields(4, false);
+  for (uint32_t sign = 0; sign < 2; ++sign)
+    for (uint32_t exponent = 0; exponent < 256; ++exponent)
+      for (const uint32_t mantissa : {0u, 1u, 0x2aaaaau, 0x400000u, 0x555555u, 0x7fffffu}) {
+        const uint32_t word = sign << 31 | exponent << 23 | mantissa;
+        ASSERT_EQ(any_nonfinite(exponent_carries(word, f), f), !std::isfinite(from_bits(word)))
+            << std::hex << word;
+      }
+  // Several words ORed before the one test, as the device does per 16-byte vector.
+  const PackedFields b = packed_fields(2, false);
+  EXPECT_FALSE(
+      any_nonfinite(exponent_carries(0x7f7f7f7fu, b) | exponent_carries(0xff7f0000u, b), b));
+  EXPECT_TRUE(
+      any_nonfinite(exponent_carries(0x7f7f7f7fu, b) | exponent_carries(0x7f800000u, b), b));
+}
 
 TEST(Fp16, AllPatternsDecodeAndReencode) {
   for (uint32_t h = 0; h < 65536; ++h) {

@@ -5,6 +5,7 @@
 
 #include "cache/cursors.h"
 #include "core/fast_div.h"
+#include "core/nonfinite.h"
 #include "cuda/replay_codec.cuh"
 
 namespace replayssm::cuda {
@@ -109,24 +110,14 @@ __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
   return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
 }
 
-// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones). Per
-// 32-bit word, all values at once: the exponent fields masked and incremented at their lowest bit
-// carry into the bit above each field (a sign position, cleared by the mask) exactly where a
-// field is all ones, and no carry crosses into the next value (3 instructions a word instead of
-// a compare per value).
+// True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones), by
+// core/nonfinite.h: every value of a word at once.
 template <typename ActT>
 __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
-  uint32_t field, lowest, carry;
-  if constexpr (sizeof(ActT) == 4) {
-    field = 0x7f800000u, lowest = 0x00800000u, carry = 0x80000000u;
-  } else if (f16) {
-    field = 0x7c007c00u, lowest = 0x04000400u, carry = 0x80008000u;
-  } else {
-    field = 0x7f807f80u, lowest = 0x00800080u, carry = 0x80008000u;
-  }
-  const uint32_t any = ((v.x & field) + lowest) | ((v.y & field) + lowest) |
-                       ((v.z & field) + lowest) | ((v.w & field) + lowest);
-  return (any & carry) != 0;
+  const PackedFields f = packed_fields(int(sizeof(ActT)), f16);
+  return any_nonfinite(exponent_carries(v.x, f) | exponent_carries(v.y, f) |
+                           exponent_carries(v.z, f) | exponent_carries(v.w, f),
+                       f);
 }
 
 // Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
