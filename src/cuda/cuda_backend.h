@@ -24,7 +24,9 @@ bool cuda_device_available();
 
 // The stream a CUDA backend runs on (capture verify + commit on it to build a graph), and a
 // synchronisation that throws the first pending device-side error. `backend` must come from
-// make_cuda_backend.
+// make_cuda_backend. A kernel launched on this stream as a programmatic dependent launch must
+// call cudaGridDependencySynchronize() before it reads what the backend wrote: the decode step
+// of small batches (small_step_kernel) lets the next kernel start before it completes.
 cudaStream_t cuda_backend_stream(CacheBackend& backend);
 void cuda_backend_synchronize(CacheBackend& backend);
 
