@@ -127,8 +127,6 @@ std::string shell_quoted(const std::string& arg) {
 
 void record_command_line(int argc, const char* const* argv) {
   RunInfo& info = run_info_storage();
-  info.version = version();
-  info.commit = build_commit();
   info.command.clear();
   for (int i = 0; i < argc; ++i) info.command += (i ? " " : "") + shell_quoted(argv[i]);
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -140,6 +138,8 @@ void record_command_line(int argc, const char* const* argv) {
 }
 
 const RunInfo& run_info() { return run_info_storage(); }
+
+std::string version_line() { return std::string(version()) + " (commit " + build_commit() + ")"; }
 
 std::string sci(double value) {
   if (std::isnan(value)) return "nan";

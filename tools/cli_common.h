@@ -70,15 +70,16 @@ class Progress {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
-// Where a result came from: the program's version and build commit (replayssm/version.h), its
+// Where a result came from, besides version() and build_commit() (replayssm/version.h): the
 // command line (arguments with spaces or shell characters single-quoted) and the UTC time it
 // started (ISO 8601). main() records the command line before parsing; benchmark outputs print it.
 struct RunInfo {
-  std::string version, commit, command, started_utc;
-  std::string version_line() const { return version + " (commit " + commit + ")"; }  // --version
+  std::string command, started_utc;
 };
 void record_command_line(int argc, const char* const* argv);
 const RunInfo& run_info();
+// "VERSION (commit COMMIT)", as --version prints it.
+std::string version_line();
 
 // Thrown by a command that has already reported its outcome and wants a non-zero exit status
 // (e.g. `trace check` on a mismatch), so main() prints no extra error line.

@@ -31,6 +31,7 @@
 #include "replayssm/error.h"
 #include "replayssm/presets.h"
 #include "replayssm/standard_decode.h"
+#include "replayssm/version.h"
 #if REPLAYSSM_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -363,7 +364,7 @@ void print_header(const BenchArgs& a, const Context& cx) {
         accepted_by_window.empty() ? std::string()
                                    : fmt::format(", per-draft acceptance {:.3f} (mean accepted{})",
                                                  cx.accept_rate, accepted_by_window);
-    fmt::print("replayssm {}, {}: {}\n", run_info().version_line(), run_info().started_utc,
+    fmt::print("replayssm {}, {}: {}\n", version_line(), run_info().started_utc,
                run_info().command);
     fmt::print(
         "replayssm bench: {} backend ({}), H={} P={} N={} G={}, history {}{}, median of {} runs{}; "
@@ -406,11 +407,10 @@ void print_row(const BenchArgs& a, const Context& cx, const Row& r) {
 
 // A JSON document of bench with what produced it (cli_common.h, RunInfo).
 nlohmann::json with_provenance(nlohmann::json doc) {
-  const RunInfo& run = run_info();
-  doc["replayssm_version"] = run.version;
-  doc["commit"] = run.commit;
-  doc["command"] = run.command;
-  doc["started_utc"] = run.started_utc;
+  doc["replayssm_version"] = version();
+  doc["commit"] = build_commit();
+  doc["command"] = run_info().command;
+  doc["started_utc"] = run_info().started_utc;
   return doc;
 }
 

@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
       "replayssm: fast Mamba-2 decoding with a replay cache.\n"
       "Run `replayssm demo` for the main job, `replayssm COMMAND --help` for details."};
   app.name("replayssm");
-  app.set_version_flag("--version", replayssm::cli::run_info().version_line());
+  app.set_version_flag("--version", replayssm::cli::version_line());
   app.require_subcommand(1);
   replayssm::cli::register_trace(app);
   replayssm::cli::register_ckpt(app);
