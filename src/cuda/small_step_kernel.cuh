@@ -216,6 +216,8 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
       float d = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) d += bk[i] * cr[i];
+      // row_sum's order; row_sum itself (every offset unrolled and predicated) made ptxas spill
+      // 8-48 bytes in the history-32 instantiations.
       for (int o = lanes / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
       if (lane == 0 && k < m) sm.dot[k] = d;
     }
