@@ -119,7 +119,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         run_with(verify_kernel<kMode, ActT, kW, kEntries, V::chained_direct, 4>, smem);
       };
       auto direct = [&](int windows) {
-        return !one_launch && verify_direct_ok(kMode, p.P, p.N) &&
+        return verify_direct_ok(kMode, p.P, p.N) &&
                verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows, ring_mma(windows));
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
