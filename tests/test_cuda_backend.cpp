@@ -494,6 +494,27 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 20, decode, false, act);
 }
 
+// Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of batches 1 to 8 whose entries x
+// heads fit one block per SM (verify_small_window), each validate_tokens and one launch of
+// small_verify_kernel (a block per entry and head, staging the ring and the window, folding its
+// head where the entry flushes, W outputs per row), across several flushes: every mode, dstate
+// 64, 128 and 256, headdim 80 (two row groups of 64), history 32, fp16 and fp32 activations.
+TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::fp16_sr, Mode::shared_fp8,
+                    Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4})
+    check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 24, speculative, false);
+  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+    check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 16, speculative, false);
+    check_steps_against_cpu({4, 80, 128, 2}, 1, mode, 16, speculative, false);
+    check_steps_against_cpu({8, 64, 128, 2}, 1, mode, 30, speculative, false, DType::bf16, 32);
+  }
+  check_steps_against_cpu({8, 16, 64, 2}, 8, Mode::shared_int8, 24, speculative, false);
+  for (DType act : {DType::f16, DType::f32})
+    check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 16, speculative, false, act);
+}
+
 // Decode steps (W = 1) of batches above the one-launch limit, and verify steps, whose 8-bit and
 // nvfp4 checkpoints are read out by VerifyVariant::chained_direct at the presets' headdim and
 // dstate (4 tiles per head, 2 and 4 column blocks per row; the shape above, dstate 64, does not
@@ -519,9 +540,10 @@ TEST(CudaBackend, DirectReadoutSpeculativeMatchesCpu) {
   // cores' window, 5 to 8 the kW = 8 one; with bf16 activations the ring term on the tensor cores
   // in the walk), the accepted counts spreading the slots' phases. fp16 activations: the ring
   // term on the CUDA cores at W <= 4 and the staged readout above.
+  // (Batches whose entries x heads exceed the SM count: smaller ones take small_verify_kernel.)
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
-    check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 16, speculative, false);
+    check_steps_against_cpu({4, 32, 256, 1}, 40, mode, 16, speculative, false);
   }
   check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 16, speculative, false,
                           DType::f16);
@@ -546,7 +568,7 @@ TEST(CudaBackend, DirectReadoutHistory32MatchesCpu) {
   // cores at W <= 4 and the staged readout at 5-8, as before.
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 16, speculative, false, DType::bf16, 32);
-    check_steps_against_cpu({4, 32, 256, 1}, 12, mode, 24, speculative, false, DType::bf16, 32);
+    check_steps_against_cpu({4, 32, 256, 1}, 40, mode, 24, speculative, false, DType::bf16, 32);
   }
 }
 
@@ -722,8 +744,9 @@ TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   EXPECT_EQ(after.cursors.pending, 0);
   EXPECT_TRUE(before.bytes == after.bytes);
   // NaN input at a step that must flush first (a full ring): refused before the fold, so the
-  // checkpoint and the ring keep their bytes. W = 1 at batch 1 is one launch whose verify kernel
-  // folds small batches itself; W = 2 runs validate_tokens, flush_kernel and verify_kernel.
+  // checkpoint and the ring keep their bytes. W = 1 at batch 1 is one launch of
+  // small_step_kernel, which validates and folds itself; W = 2 runs validate_tokens and
+  // small_verify_kernel, whose blocks fold only after validate_tokens' verdict.
   for (int t = 0; t < cfg.history; ++t) {
     Tokens tok = random_tokens(shape, act, 1, 1, rng);
     DeviceTokens dtok(shape, tok);

@@ -91,6 +91,9 @@ struct ReplayParams {
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
   ValidatedEntry* entries;
   int heads_per_block;  // verify_kernel: heads of one group per block
+  // verify: small_verify_kernel serves the step (verify_small_window); validate_tokens then lets
+  // it start at once (its own dependent launch: allow_dependent_launch at the top)
+  bool small_window = false;
   // state / import: one slot, fp32 [H, P, N] buffer, `at` entries folded
   float* dense;
   int at;
@@ -243,7 +246,9 @@ struct FoldSmem {
   float* w;   // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
   float* d0;  // [1]  exp(A L_{m-1})
 
-  static size_t bytes(int L, int N, int P) { return sizeof(float) * (size_t(L) * (N + P + 1) + 4); }
+  __host__ __device__ static size_t bytes(int L, int N, int P) {
+    return sizeof(float) * (size_t(L) * (N + P + 1) + 4);
+  }
   __device__ static FoldSmem carve(float* base, int L, int N, int P) {
     FoldSmem f;
     f.B = base;

@@ -12,16 +12,19 @@
 //                    the window's ring x, delta and B, and (the last block of each entry) the
 //                    cursors
 // Decode steps (W = 1) of small batches run as one launch of small_step_kernel, a block per
-// (entry, head): each block validates its entry and folds its own head where the entry flushes. An
-// explicit flush runs validate_slots (lists the slots to fold), flush and flush_finalize. In the
-// 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to bf16 (BF16 readout
-// rule); products are exact in fp32 and summed in fp32.
+// (entry, head): each block validates its entry and folds its own head where the entry flushes.
+// Speculative verifies (W > 1) of small batches run validate_tokens and small_verify_kernel, a
+// block per (entry, head) that starts before the validation ends and folds its own head where the
+// entry flushes. An explicit flush runs validate_slots (lists the slots to fold), flush and
+// flush_finalize. In the 8/4-bit read modes R are code values (exact in bf16) and C_j is rounded to
+// bf16 (BF16 readout rule); products are exact in fp32 and summed in fp32.
 //
 // The kernels live in one header per idea, included here in dependency order:
 //   replay_common.cuh      parameters, errors, validation, shared-memory layouts, staging, fold
 //   flush_kernel.cuh       flush_head and flush_kernel
 //   verify_staging.cuh     the verify's checkpoint stages, cp.async, ring appends, finish_verify
 //   small_step_kernel.cuh  the decode step of a small batch in one launch
+//   small_verify_kernel.cuh  the speculative verify of a small batch, after validate_tokens
 //   verify_mma.cuh         the tensor-core readout (mma_tile, C fragments, W > 1 ring term)
 //   verify_direct.cuh      the readout from registers at W <= 4 (VerifyVariant::chained_direct)
 //   verify_kernel.cuh      verify_kernel and its variants
@@ -32,6 +35,7 @@
 #include "cuda/prefill_kernels.cuh"
 #include "cuda/replay_common.cuh"
 #include "cuda/small_step_kernel.cuh"
+#include "cuda/small_verify_kernel.cuh"
 #include "cuda/verify_direct.cuh"
 #include "cuda/verify_kernel.cuh"
 #include "cuda/verify_mma.cuh"

@@ -81,6 +81,11 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
          verify_stages(windows) * lc.verify_stage_bytes;
 }
 
+// small_verify_kernel's shared memory: the fold's, then the staging of a window of `windows`.
+inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) {
+  return small_verify_staging_offset(L, N, P) + SmallVerifySmem::bytes(L, N, P, windows, act_size);
+}
+
 // small_step_kernel's shared memory: its own, or the fold's where that is larger.
 inline size_t small_step_smem(const LaunchConfig& lc, int L) {
   return std::max(lc.smem_fold, SmallStepSmem::bytes(L));
@@ -91,7 +96,8 @@ inline size_t small_step_smem(const LaunchConfig& lc, int L) {
 // the step runs (VerifyVariant: verify_direct_ok and verify_direct_fits at
 // W <= kDirectMaxWindow, or at W = 5 to 8 where the ring term is on the tensor cores
 // (direct_ring_mma_ok), verify_wide, else chained).
-// A step in one launch (verify_in_one_launch) is small_step_kernel's instead.
+// A step in one launch (verify_in_one_launch) is small_step_kernel's instead, and a small
+// batch's speculative verify (verify_small_window) small_verify_kernel's.
 template <Mode kMode>
 void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc) {
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
@@ -107,6 +113,13 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   };
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
+    if (p.small_window) {  // W > 1: one block per (entry, head) after validate_tokens
+      const auto kernel = small_verify_kernel<kMode, ActT>;
+      const size_t smem = small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)));
+      allow_dynamic_smem(kernel, smem);
+      launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kSmallVerifyThreads, smem, p);
+      return;
+    }
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
       auto ring_mma = [&](int windows) {
@@ -189,6 +202,9 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       load_kernel(flush_kernel<kMode, ActT, true, false, true>, lc.smem_fold);
       size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
     }
+    // The largest window a cache may verify is L / 2 (SPEC 4).
+    load_kernel(small_verify_kernel<kMode, ActT>,
+                small_verify_smem(L, N, P, L / 2, int(sizeof(ActT))));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
       load_kernel(small_step_kernel<kMode, ActT, kEntries>, small_step_smem(lc, L));

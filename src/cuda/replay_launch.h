@@ -49,6 +49,18 @@ inline bool verify_in_one_launch(const ReplayParams& p) {
   return p.tokens == 1 && p.heads_per_block == 1 && p.batch <= kOneLaunchMaxBatch;
 }
 
+// Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM
+// (nemotron-h-8b: batch 1) run as validate_tokens and one launch of small_verify_kernel (a block
+// of 512 threads per entry and head, folding its own head where the entry flushes) instead of
+// validate_tokens, flush_kernel and verify_kernel: there the step is a chain of launches and
+// dependent round trips, and the fold spread over the GPU gained less than it cost (H200, batch
+// 1, against the three launches: W = 4 -16 to -23%, W = 8 -7 to -11% in the 8/4-bit modes).
+// At batch 2 the blocks would be two waves, or with fewer threads slower than the chained path
+// (128 threads at batch 2: W = 8 24.7 against 20.7 us).
+inline bool verify_small_window(const ReplayParams& p, int sm_count) {
+  return p.tokens > 1 && int64_t(p.batch) * p.H <= sm_count;
+}
+
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
 // (nemotron-h-8b: batch 16 to 64) take VerifyVariant::chained_wide: registers for 4 blocks
 // instead of 6 (H200: batch 64 separate-fp8 61.1 -> 57.2 us). Larger grids run several waves,

@@ -14,6 +14,9 @@ namespace replayssm::cuda {
 // chain (the kernel is a few dependent loads long; at batch 64 W = 1 it took 4.5 us).
 template <typename ActT>
 __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams p) {
+  // A plain launch (everything before it in the stream is complete): small_verify_kernel may
+  // start at once and read what this kernel does not write before it waits for this grid.
+  if (p.small_window) allow_dependent_launch();
   const int b = blockIdx.x, part = blockIdx.y;
   int32_t* st = p.status + b * kValidateSplit;
   const bool local = entry_has_nonfinite<ActT>(p, b, int64_t(part) * blockDim.x,

@@ -84,6 +84,18 @@ __device__ __forceinline__ void cp_async_block(void* smem, const void* gmem, int
     cp_async16(static_cast<uint8_t*>(smem) + 16 * i, static_cast<const uint8_t*>(gmem) + 16 * i);
 }
 
+// Copies `rows` rows of `row_bytes` (a multiple of 16) each, the source rows `src_stride` bytes
+// apart, into consecutive rows at smem; every 16-byte piece in flight at once.
+__device__ __forceinline__ void cp_async_rows(void* smem, const void* gmem, int rows, int row_bytes,
+                                              int64_t src_stride) {
+  const int per_row = row_bytes / 16;
+  for (int i = threadIdx.x; i < rows * per_row; i += blockDim.x) {
+    const int r = i / per_row, piece = i - r * per_row;
+    cp_async16(static_cast<uint8_t*>(smem) + 16 * i,
+               static_cast<const uint8_t*>(gmem) + r * src_stride + 16 * piece);
+  }
+}
+
 // Entry k of head h as a verify sees it: committed entries from the ring, the window's from the
 // inputs.
 template <typename ActT>

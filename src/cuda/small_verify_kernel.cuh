@@ -1,0 +1,284 @@
+// small_verify_kernel: a speculative verify (W = 2 .. max_window) of a small batch in one launch
+// after validate_tokens. Part of the replay kernels; replay_kernels.cuh has the overview.
+#pragma once
+
+#include "cuda/flush_kernel.cuh"
+#include "cuda/replay_common.cuh"
+#include "cuda/verify_staging.cuh"
+
+namespace replayssm::cuda {
+
+// ---- the verify of a small batch ---------------------------------------------------------------
+// At batch 1 a verify moves a few MB and its time is the chain of launches and dependent round
+// trips, not bytes. The chained path is three launches (validate_tokens, flush_kernel,
+// verify_kernel); this is two: validate_tokens, then one block per (entry, head) that
+//
+//   before validate_tokens is done (it lets this grid start at once, and this grid reads nothing
+//   it writes until wait_for_previous_grid)
+//     round trip 1  slot id; the window's B, C (the head's group) and x, dt (the head) -> smem
+//     round trip 2  the slot's cursors; the head's read-checkpoint rows (into registers); B, x and
+//                   delta at every ring position -> smem (the cursors say which positions hold
+//                   the committed entries, and in which order, only when they arrive)
+//   then            the entry's verdict (validate_tokens' status words); where c + W > L the fold
+//                   of its own head (flush_head) and the new checkpoint rows; the window's ring
+//                   x and delta; B_k . C_j; the weights; the readout of the W outputs; the
+//                   arrival counter (finish_verify: the last block advances the cursors)
+//
+// with, at logical position i = c + j of window token j (c committed entries after any fold,
+// L_k = delta_0 + ... + delta_k, Cr_j = C_j rounded to bf16 in the 8/4-bit read modes),
+//   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p]
+//   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j)  (+ D for k = i)
+// A lane of a row holds 8 columns of R; the lanes of a row split the entries k of the ring term,
+// so one reduction per (row, j) gives y.
+//
+// The ring and window operands are staged as they are in memory (16 or 32 bits) by cp.async, all
+// of them in flight at once. Validation stays in validate_tokens, whose 8 blocks per entry scan
+// the inputs: a block of this kernel scanning its whole entry would read 160 KB at
+// nemotron-h-8b's W = 8 (small_step_kernel does so at W = 1, 20 KB).
+//
+// 512 threads (16 warps) per block: at batch 1 the grid is one block per SM, and the fold and
+// the W-output readout are chains of dependent instructions per thread that 4 warps could not
+// hide (H200, batch 1 separate-fp8: 128 threads took W = 4 / W = 8 steps 14.9 / 20.1 us, 512
+// threads 13.2 / 17.4; bench/results/2026-12-02-h200-session28.md). One wave of such blocks is
+// batch x H <= the SM count (verify_small_window).
+inline constexpr int kSmallVerifyThreads = 512;
+inline constexpr int kSmallVerifyRows = 2;  // rows per thread (nemotron-h-8b: the head's 64 rows)
+
+// Shared memory, placed after the fold's (flush_head overwrites that; what is staged here
+// outlives the fold). Activations in their own dtype (ActT); counts in elements.
+struct SmallVerifySmem {
+  void* ring_B;       // [L, N] ActT  B at each ring position (the head's group)
+  void* ring_x;       // [L, P] ActT  x of the head at each ring position
+  void* win_B;        // [W, N] ActT  the window's B
+  void* win_C;        // [W, N] ActT  the window's C
+  void* win_x;        // [W, P] ActT  the window's x of the head
+  float* ring_delta;  // [L]          delta of the head at each ring position
+  float* win_delta;   // [W]          the window's delta of the head
+  float* dot;         // [W, L]       B_k . C_j, logical entry k
+  float* w;           // [W, L]       w_jk
+  float* dec;         // [W]          exp(A L_{c+j})
+  float* delta_log;   // [L]          delta_k, logical entry k
+  float* Cr;          // [W, N]       C_j as the readout takes it (bf16-rounded in 8/4-bit modes)
+
+  __host__ __device__ static size_t act_bytes(int L, int N, int P, int W, int act_size) {
+    return size_t(act_size) * (size_t(L) * (N + P) + size_t(W) * (2 * N + P));
+  }
+  __host__ __device__ static size_t bytes(int L, int N, int P, int W, int act_size) {
+    return act_bytes(L, N, P, W, act_size) +
+           sizeof(float) * (2 * size_t(L) + W + 2 * size_t(W) * L + W + size_t(W) * N);
+  }
+  // base: 16-byte aligned, past the fold's shared memory.
+  __device__ static SmallVerifySmem carve(uint8_t* base, int L, int N, int P, int W, int act_size) {
+    SmallVerifySmem s;
+    s.ring_B = base;
+    s.win_B = base + size_t(act_size) * L * N;
+    s.win_C = base + size_t(act_size) * (L + W) * N;
+    s.ring_x = base + size_t(act_size) * (L + 2 * W) * N;
+    s.win_x = base + size_t(act_size) * ((L + 2 * W) * N + L * P);
+    s.Cr = reinterpret_cast<float*>(base + act_bytes(L, N, P, W, act_size));  // 16-byte aligned
+    s.ring_delta = s.Cr + W * N;
+    s.win_delta = s.ring_delta + L;
+    s.dot = s.win_delta + W;
+    s.w = s.dot + W * L;
+    s.dec = s.w + W * L;
+    s.delta_log = s.dec + W;
+    return s;
+  }
+};
+
+// Where the staging starts in the dynamic shared memory: past the fold's, 16-byte aligned.
+__host__ __device__ inline size_t small_verify_staging_offset(int L, int N, int P) {
+  return (FoldSmem::bytes(L, N, P) + 15) / 16 * 16;
+}
+
+// Grid (H / G, G, batch) of kSmallVerifyThreads: block (x, g, b) is head g H / G + x of entry b.
+// Launched dependent on validate_tokens (a plain launch, so everything before it in the stream
+// is complete when this grid starts).
+template <Mode kMode, typename ActT>
+__global__ void __launch_bounds__(kSmallVerifyThreads, 1)
+    small_verify_kernel(const ReplayParams p) {
+  constexpr int kRows = kSmallVerifyRows;
+  constexpr int kAct = int(sizeof(ActT));
+  // The commit after this verify may be scheduled at once; it waits for this grid to complete.
+  allow_dependent_launch();
+  extern __shared__ float4 smem_raw[];
+  float* const fold_smem = reinterpret_cast<float*>(smem_raw);
+  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
+  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  const bool f16 = p.act_f16;
+  const RowMap rm(p.lanes_per_row, kRows);
+  const int lanes = rm.lanes, lane = rm.lane_in_row;
+  const SmallVerifySmem sm = SmallVerifySmem::carve(
+      reinterpret_cast<uint8_t*>(smem_raw) + small_verify_staging_offset(L, N, P), L, N, P, W,
+      kAct);
+
+  // ---- round trip 1: what depends on (b, h) only
+  const int slot = p.slots[b];
+  const ActT* const x_in =
+      static_cast<const ActT*>(p.x) + (int64_t(b) * W * H + h) * P;  // [W] rows
+  const int64_t bc0 = (int64_t(b) * W * G + g) * N;  // the window's B and C rows of the group
+  cp_async_rows(sm.win_B, static_cast<const ActT*>(p.B) + bc0, W, N * kAct, int64_t(G) * N * kAct);
+  cp_async_rows(sm.win_C, static_cast<const ActT*>(p.C) + bc0, W, N * kAct, int64_t(G) * N * kAct);
+  cp_async_rows(sm.win_x, x_in, W, P * kAct, int64_t(H) * P * kAct);
+  cp_async_commit();
+  const float dt_window = int(threadIdx.x) < W ? p.dt[(int64_t(b) * W + threadIdx.x) * H + h] : 0.f;
+  if (slot < 0) {  // padding
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- round trip 2: everything at the slot's addresses
+  RawChunk raw[kRows];
+  int prow[kRows];
+  SlotSections sec = slot_sections(p.geo, slot);
+  load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+  cp_async_rows(sm.ring_B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, L, N * kAct,
+                int64_t(G) * N * kAct);
+  cp_async_rows(sm.ring_x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P, L, P * kAct,
+                int64_t(H) * P * kAct);
+  cp_async_commit();
+  const float ring_delta = int(threadIdx.x) < L ? sec.ring_delta[threadIdx.x * H + h] : 0.f;
+  SlotCursors cur = p.cursors[slot];
+  const SlotCursors before = cur;  // what finish_verify would load again
+
+  // ---- the verdict of validate_tokens (open, nothing pending, finite inputs; it raised any
+  // error), the same for every block of the entry
+  wait_for_previous_grid();
+  const bool ok = slot_ok(p, b);
+  cp_async_wait<0>();
+  if (!ok) return;  // uniform
+  if (int(threadIdx.x) < L) sm.ring_delta[threadIdx.x] = ring_delta;
+  if (int(threadIdx.x) < W)
+    sm.win_delta[threadIdx.x] =
+        process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+
+  // SPEC 4: the flush first (c + W > L). flush_head reads the committed entries itself; the
+  // ring is empty after it, and the new checkpoint rows are loaded again.
+  const bool folded = verify_needs_flush(cur, W, L);
+  if (folded) {
+    flush_head<kMode, ActT, 2>(p, slot, cur, h, fold_smem);
+    __syncthreads();  // this block reads its own writes below
+    apply_flush(cur, L);
+    load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+  }
+  __syncthreads();  // the staging and the deltas
+  const int c = cur.committed, m = c + W;
+  auto phys = [&](int k) { return ring_index(cur, k, L); };
+  // Operands of logical entry k (k < c: committed, in the ring; else window token k - c).
+  auto entry_B = [&](int k) {
+    return static_cast<const ActT*>(k < c ? sm.ring_B : sm.win_B) + (k < c ? phys(k) : k - c) * N;
+  };
+  auto entry_x = [&](int k) {
+    return static_cast<const ActT*>(k < c ? sm.ring_x : sm.win_x) + (k < c ? phys(k) : k - c) * P;
+  };
+  auto entry_delta = [&](int k) { return k < c ? sm.ring_delta[phys(k)] : sm.win_delta[k - c]; };
+
+  // The window into the ring at logical c .. c + W - 1, read by no block of this step (after a
+  // fold, the positions of entries this head's fold read; other heads' blocks never read this
+  // head's x). Ring B by the group's first block, or after a fold by the entry's last block
+  // (finish_verify: the other blocks of the group fold the old entries' B until they finish).
+  {
+    const int per_row = P * kAct / 16;
+    for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
+      const int j = u / per_row, i = u - j * per_row;
+      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) +
+                               (int64_t(phys(c + j)) * H + h) * P)[i] =
+          reinterpret_cast<const uint4*>(static_cast<const ActT*>(sm.win_x) + j * P)[i];
+    }
+    if (int(threadIdx.x) < W)
+      sec.ring_delta[phys(c + threadIdx.x) * H + h] = sm.win_delta[threadIdx.x];
+    if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
+  }
+
+  // Entry deltas in logical order, for the weights' running sums.
+  for (int k = threadIdx.x; k < m; k += blockDim.x) sm.delta_log[k] = entry_delta(k);
+  // The readout's C: rounded to bf16 in the 8/4-bit read modes (SPEC 5), as is otherwise.
+  for (int u = threadIdx.x; u < W * N / 8; u += blockDim.x) {
+    float cv[8];
+    load8_act(static_cast<const ActT*>(sm.win_C) + 8 * u, f16, cv);
+    if constexpr (has_bf16_readout(kMode)) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) cv[i] = bf16_to_f32(f32_to_bf16(cv[i]));
+    }
+    store8_f32(sm.Cr + 8 * u, cv);
+  }
+  // B_k . C_j for every pair k <= c + j, pair q = j m + k one per thread; each thread walks the
+  // 8-column chunks from chunk k on (a common start would put a warp's B rows, N apart, in one
+  // bank).
+  const int chunks = N / 8;
+  for (int q = threadIdx.x; q < W * m; q += blockDim.x) {
+    const int j = q / m, k = q - j * m;
+    if (k > c + j) continue;
+    const ActT* bk = entry_B(k);
+    const ActT* cj = static_cast<const ActT*>(sm.win_C) + j * N;
+    float d = 0.f;
+    for (int t = 0, chunk = k % chunks; t < chunks;
+         ++t, chunk = chunk + 1 < chunks ? chunk + 1 : 0) {
+      const int n = 8 * chunk;
+      float bv[8], cv[8];
+      load8_act(bk + n, f16, bv);
+      load8_act(cj + n, f16, cv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) d += bv[i] * cv[i];
+    }
+    sm.dot[j * L + k] = d;
+  }
+  __syncthreads();  // sm.dot
+  // The weights, one thread per pair: running sums in the CPU reference's order (sequential).
+  const float A = p.head.A[h];
+  for (int q = threadIdx.x; q < W * m; q += blockDim.x) {
+    const int j = q / m, k = q - j * m, i = c + j;
+    if (k > i) continue;
+    float run = 0.f, Lk = 0.f;
+    for (int e = 0; e <= i; ++e) {
+      run += sm.delta_log[e];
+      if (e == k) Lk = run;
+    }
+    float w = sm.delta_log[k] * decay(A * (run - Lk)) * sm.dot[j * L + k];
+    if (k == i) {
+      w += p.head.D[h];
+      sm.dec[j] = decay(A * run);
+    }
+    sm.w[j * L + k] = w;
+  }
+  __syncthreads();  // sm.w, sm.dec
+
+  // ---- the readout, one row group at a time (nemotron-h-8b: one), W outputs per row
+  const int per_value = lanes / kRows;  // lanes holding each row's sum after row_sum_values
+  for (int base = 0; base < P; base += rm.rows_per_group) {
+    float v[kRows][8], scale[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], false, v[r]);
+    const int next = base + rm.rows_per_group;
+    if (next < P) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
+    for (int j = 0; j < W; ++j) {
+      const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0);
+      const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0 + 4);
+      const float cr[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+      const float dec = sm.dec[j];
+      const float* wj = sm.w + j * L;
+      float part[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s += v[r][i] * cr[i];
+        part[r] = dec * scale[r] * s;
+      }
+      for (int k = lane; k <= c + j; k += lanes) {
+        const ActT* xk = entry_x(k);
+        const float wk = wj[k];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          part[r] += wk * act_f32(xk[min(rm.row(base, r), P - 1)], f16);
+      }
+      const float y = row_sum_values<kRows>(part, lane, lanes);
+      const int row = rm.row(base, lane / per_value);
+      if (lane % per_value == 0 && row < P)
+        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
+    }
+  }
+  finish_verify<ActT, true>(p, b, slot, H, &before);
+}
+
+}  // namespace replayssm::cuda
