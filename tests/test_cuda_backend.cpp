@@ -492,6 +492,10 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
   check_steps_against_cpu({8, 16, 64, 2}, 4, Mode::shared_int8, 36, decode, false);
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 20, decode, false, act);
+  // Batches of 5 to 8 whose chained verify blocks would hold two heads (128 heads on a 132-SM
+  // H200): the 16/32-bit modes take small_step_kernel there too.
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})
+    check_steps_against_cpu({128, 16, 64, 8}, 6, mode, 20, decode, false);
 }
 
 // Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of batches 1 to 8 whose entries x

@@ -29,7 +29,7 @@ namespace replayssm::cuda {
 //   y_j[p] = exp(A L_i) scale_p sum_n R[p,n] Cr_j[n] + sum_{k <= i} w_jk x_k[p]
 //   w_jk   = delta_k exp(A (L_i - L_k)) (B_k . C_j)  (+ D for k = i)
 // A lane of a row holds 8 columns of R; the lanes of a row split the entries k of the ring term,
-// so one reduction per (row, j) gives y.
+// so one reduction over the row's lanes gives y for 4 outputs of each of the thread's 2 rows.
 //
 // The ring and window operands are staged as they are in memory (16 or 32 bits) by cp.async, all
 // of them in flight at once. Validation stays in validate_tokens, whose 8 blocks per entry scan
@@ -202,33 +202,43 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     }
     store8_f32(sm.Cr + 8 * u, cv);
   }
-  // B_k . C_j for every pair k <= c + j, pair q = j m + k one per thread; each thread walks the
-  // 8-column chunks from chunk k on (a common start would put a warp's B rows, N apart, in one
-  // bank).
-  const int chunks = N / 8;
-  for (int q = threadIdx.x; q < W * m; q += blockDim.x) {
-    const int j = q / m, k = q - j * m;
-    if (k > c + j) continue;
-    const ActT* bk = entry_B(k);
-    const ActT* cj = static_cast<const ActT*>(sm.win_C) + j * N;
-    float d = 0.f;
-    for (int t = 0, chunk = k % chunks; t < chunks;
-         ++t, chunk = chunk + 1 < chunks ? chunk + 1 : 0) {
-      const int n = 8 * chunk;
-      float bv[8], cv[8];
-      load8_act(bk + n, f16, bv);
-      load8_act(cj + n, f16, cv);
+  // B_k . C_j for every pair k <= c + j, pair q = j m + k, by 4 threads: thread `part` takes
+  // the 8-column chunks part, part + 4, ..., shifted by 4 chunks for odd k (a quarter warp's two
+  // pairs would otherwise read the same banks of rows N apart), then two shuffles. The trip count
+  // is the block's (the shuffles need every lane of the warp).
+  {
+    const int chunks = N / 8;  // 8, 16 or 32
+    const int part = int(threadIdx.x) % 4;
+    for (int q0 = 0; q0 < W * m; q0 += int(blockDim.x) / 4) {
+      const int q = q0 + int(threadIdx.x) / 4, j = q / m, k = q - j * m;
+      const bool live = q < W * m && k <= c + j;
+      float d = 0.f;
+      if (live) {
+        const ActT* bk = entry_B(k);
+        const ActT* cj = static_cast<const ActT*>(sm.win_C) + j * N;
+        for (int t = part; t < chunks; t += 4) {
+          const int n = 8 * ((t + 4 * (k & 1)) & (chunks - 1));
+          float bv[8], cv[8];
+          load8_act(bk + n, f16, bv);
+          load8_act(cj + n, f16, cv);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) d += bv[i] * cv[i];
+          for (int i = 0; i < 8; ++i) d += bv[i] * cv[i];
+        }
+      }
+      d += __shfl_xor_sync(0xffffffffu, d, 1);
+      d += __shfl_xor_sync(0xffffffffu, d, 2);
+      if (live && part == 0) sm.dot[j * L + k] = d;
     }
-    sm.dot[j * L + k] = d;
   }
   __syncthreads();  // sm.dot
   // The weights, one thread per pair: running sums in the CPU reference's order (sequential).
   const float A = p.head.A[h];
   for (int q = threadIdx.x; q < W * m; q += blockDim.x) {
     const int j = q / m, k = q - j * m, i = c + j;
-    if (k > i) continue;
+    if (k > i) {  // not seen by output j: a zero weight, so the readout need not ask
+      sm.w[j * L + k] = 0.f;
+      continue;
+    }
     float run = 0.f, Lk = 0.f;
     for (int e = 0; e <= i; ++e) {
       run += sm.delta_log[e];
@@ -243,38 +253,57 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   }
   __syncthreads();  // sm.w, sm.dec
 
-  // ---- the readout, one row group at a time (nemotron-h-8b: one), W outputs per row
-  const int per_value = lanes / kRows;  // lanes holding each row's sum after row_sum_values
+  // ---- the readout, one row group at a time (nemotron-h-8b: one). The outputs go 4 at a time:
+  // a lane holds its share of y_j at each of its rows (8 columns of the checkpoint term, the ring
+  // terms of its entries k = lane, lane + lanes, ...), and one reduction of those 4 x kRows values
+  // over the row's lanes leaves each value's sum in lanes / 8 of them.
+  constexpr int kOut = 4;                 // outputs per reduction
+  constexpr int kValues = kOut * kRows;   // 8: row_sum_values needs lanes >= 8 (dstate >= 64)
+  const int per_value = lanes / kValues;  // lanes holding each value's sum
+  const int my_value = lane / per_value;  // value index v = jj kRows + r
   for (int base = 0; base < P; base += rm.rows_per_group) {
     float v[kRows][8], scale[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], false, v[r]);
+    int xrow[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) xrow[r] = min(rm.row(base, r), P - 1);
     const int next = base + rm.rows_per_group;
     if (next < P) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
-    for (int j = 0; j < W; ++j) {
-      const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0);
-      const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0 + 4);
-      const float cr[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-      const float dec = sm.dec[j];
-      const float* wj = sm.w + j * L;
-      float part[kRows];
+    for (int j0 = 0; j0 < W; j0 += kOut) {
+      float part[kValues];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float s = 0.f;
+      for (int jj = 0; jj < kOut; ++jj) {
+        const int j = j0 + jj < W ? j0 + jj : W - 1;  // past W: computed, never stored
+        const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0);
+        const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0 + 4);
+        const float cr[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        const float dec = sm.dec[j];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s += v[r][i] * cr[i];
-        part[r] = dec * scale[r] * s;
+        for (int r = 0; r < kRows; ++r) {
+          float s = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s += v[r][i] * cr[i];
+          part[jj * kRows + r] = dec * scale[r] * s;
+        }
       }
-      for (int k = lane; k <= c + j; k += lanes) {
+      // Ring terms: w_jk = 0 where output j does not see entry k (k > c + j).
+      const int k_end = min(m, c + j0 + kOut);
+      for (int k = lane; k < k_end; k += lanes) {
         const ActT* xk = entry_x(k);
-        const float wk = wj[k];
+        float xv[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          part[r] += wk * act_f32(xk[min(rm.row(base, r), P - 1)], f16);
+        for (int r = 0; r < kRows; ++r) xv[r] = act_f32(xk[xrow[r]], f16);
+#pragma unroll
+        for (int jj = 0; jj < kOut; ++jj) {
+          const float wk = j0 + jj < W ? sm.w[(j0 + jj) * L + k] : 0.f;
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) part[jj * kRows + r] += wk * xv[r];
+        }
       }
-      const float y = row_sum_values<kRows>(part, lane, lanes);
-      const int row = rm.row(base, lane / per_value);
-      if (lane % per_value == 0 && row < P)
+      const float y = row_sum_values<kValues>(part, lane, lanes);
+      const int j = j0 + my_value / kRows, row = rm.row(base, my_value % kRows);
+      if (lane % per_value == 0 && j < W && row < P)
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
     }
   }
