@@ -254,7 +254,7 @@ class CudaBackend final : public CacheBackend {
     p.commit_window = commit_window;
     p.list_flushes = true;
     p.heads_per_block = cuda::verify_heads_per_block(p.batch, p.H, p.G, p.tokens, sm_count_);
-    const bool one_launch = cuda::verify_in_one_launch(p);
+    const bool one_launch = cuda::verify_in_one_launch(p, config_.mode);
     // small_verify_kernel folds the entries that flush itself: nothing to list for flush_kernel.
     const bool small_window = cuda::verify_small_window(p, sm_count_);
     p.small_window = small_window;

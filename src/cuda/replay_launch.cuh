@@ -103,7 +103,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
   // order of one block per (entry, group, chunk).
   const dim3 blocks(p.H / p.G / p.heads_per_block, p.G, p.batch);
-  const bool one_launch = verify_in_one_launch(p);
+  const bool one_launch = verify_in_one_launch(p, kMode);
   auto run_with = [&](auto kernel, size_t smem) {
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
