@@ -502,9 +502,9 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
 // heads fit one block per SM (verify_small_window), each validate_tokens and one launch of
 // small_verify_kernel (a block per entry and head, staging the ring and the window, folding its
 // head where the entry flushes, W outputs per row), across several flushes: every mode, dstate
-// 64, 128 and 256, headdim up to 128 (the most one block holds at dstate 64), history 32, fp16
-// and fp32 activations; and headdim 80 at dstate 128, more rows than a block holds, through the
-// chained path at batch 1.
+// 64, 128 and 256, headdim up to 128 (the most one block holds at dstate 64) and 80 at dstate 128
+// (two row groups), history 32, fp16 and fp32 activations; and headdim 144 at dstate 128, more
+// rows than two groups, through the chained path at batch 1.
 TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
@@ -514,7 +514,8 @@ TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
     check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 16, speculative, false);
     check_steps_against_cpu({4, 128, 64, 2}, 1, mode, 16, speculative, false);
-    check_steps_against_cpu({4, 80, 128, 2}, 1, mode, 16, speculative, false);  // chained
+    check_steps_against_cpu({4, 80, 128, 2}, 1, mode, 16, speculative, false);   // 2 row groups
+    check_steps_against_cpu({4, 144, 128, 2}, 1, mode, 12, speculative, false);  // chained
     check_steps_against_cpu({8, 64, 128, 2}, 1, mode, 30, speculative, false, DType::bf16, 32);
   }
   check_steps_against_cpu({8, 16, 64, 2}, 8, Mode::shared_int8, 24, speculative, false);

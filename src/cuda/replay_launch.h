@@ -55,21 +55,21 @@ inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
 }
 
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and
-// whose heads fit one row group of such a block (every row in registers at once: headdim <=
-// 2 x 512 / (dstate / 8); nemotron-h-8b and mamba2-2.7b at batch 1) run as validate_tokens and
-// one launch of small_verify_kernel (a block of 512 threads per entry and head, folding its own
-// head where the entry flushes) instead of validate_tokens, flush_kernel and verify_kernel:
-// there the step is a chain of launches and dependent round trips (H200, batch 1, against the
-// three launches, session 28: nemotron-h-8b W = 4 15.8-17.4 -> 10.3-10.8 us and W = 8 18.1-21.1
-// -> 12.5-13.8 in every mode; mamba2-2.7b separate-fp8 15.6 / 18.1 -> 10.3 / 12.3). Not elsewhere:
-// at batch 2 the blocks would be two waves, or with fewer threads slower than the chained path (128
-// threads at batch 2: W = 8 24.7 against 20.7 us); heads of two row groups lost at W = 8
-// (nemotron3-nano-4b, headdim 80: 20.9 against 20.0 us), and a few large heads fold too slowly in
-// one block each (falcon-h1-7b, 24 heads of 128 x 256: W = 8 36.1 against 22.7 us;
-// bench/results/2026-12-02-h200-session28.md).
+// whose heads fit two row groups of such a block (headdim <= 2 x 2 x 512 / (dstate / 8):
+// nemotron-h-8b, nemotron3-nano-4b and mamba2-2.7b at batch 1) run as validate_tokens and one
+// launch of small_verify_kernel (a block of 512 threads per entry and head, folding its own head
+// where the entry flushes) instead of validate_tokens, flush_kernel and verify_kernel: there the
+// step is a chain of launches and dependent round trips (H200, batch 1, against the three
+// launches, session 28: nemotron-h-8b W = 4 15.8-17.4 -> 10.3-10.8 us and W = 8 18.1-21.1 ->
+// 12.5-13.8 in every mode; mamba2-2.7b separate-fp8 15.6 / 18.1 -> 10.3 / 12.3;
+// nemotron3-nano-4b, headdim 80 in two row groups, 16.7 / 19.9 -> 12.5 / 16.5). Not elsewhere: at
+// batch 2 the blocks would be two waves, or with fewer threads slower than the chained path (128
+// threads at batch 2: W = 8 24.7 against 20.7 us), and larger heads fold too slowly in one block
+// each (falcon-h1-7b, 24 heads of 128 x 256: W = 8 36.1 against 22.7 us with the kernel's first
+// readout; bench/results/2026-12-02-h200-session28.md).
 inline bool verify_small_window(const ReplayParams& p, int sm_count) {
   const int rows_per_block = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;
-  return p.tokens > 1 && int64_t(p.batch) * p.H <= sm_count && p.P <= rows_per_block;
+  return p.tokens > 1 && int64_t(p.batch) * p.H <= sm_count && p.P <= 2 * rows_per_block;
 }
 
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
