@@ -470,6 +470,10 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     check_steps_against_cpu({16, 16, 64, 2}, 192, mode, 52, window, true);
 }
 
+// The read checkpoints of 8 and 4 bits, one mode per code layout the readouts decode (e4m3 codes
+// with the carrier shared or separate, NVFP4 codes with block scales).
+constexpr Mode kCodeReadModes[] = {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4};
+
 // The direct readout's tests are split by path so that compute-sanitizer can run one path alone.
 // Slots draw their accepted counts from these: always 1, or 1 to 8 (spreading the slots' phases).
 int accept_one(int, std::mt19937_64&) { return 1; }
@@ -482,10 +486,8 @@ int accept_up_to_eight(int, std::mt19937_64& rng) { return 1 + int(rng() % 8); }
 TEST(CudaBackend, SmallBatchStepMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto decode = accept_one;
-  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::fp16_sr, Mode::shared_fp8,
-                    Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4})
-    check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 36, decode, false);
-  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+  for (Mode mode : kAllModes) check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 36, decode, false);
+  for (Mode mode : kCodeReadModes) {
     check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 20, decode, false);
     check_steps_against_cpu({8, 64, 128, 2}, 1, mode, 40, decode, false, DType::bf16, 32);
   }
@@ -508,10 +510,9 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
 TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
-  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::fp16_sr, Mode::shared_fp8,
-                    Mode::shared_int8, Mode::separate_fp8, Mode::separate_nvfp4})
+  for (Mode mode : kAllModes)
     check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 24, speculative, false);
-  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+  for (Mode mode : kCodeReadModes) {
     check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 16, speculative, false);
     check_steps_against_cpu({4, 128, 64, 2}, 1, mode, 16, speculative, false);
     check_steps_against_cpu({4, 80, 128, 2}, 1, mode, 16, speculative, false);   // 2 row groups
@@ -549,7 +550,7 @@ TEST(CudaBackend, DirectReadoutSpeculativeMatchesCpu) {
   // in the walk), the accepted counts spreading the slots' phases. fp16 activations: the ring
   // term on the CUDA cores at W <= 4 and the staged readout above.
   // (Batches whose entries x heads exceed the SM count: smaller ones take small_verify_kernel.)
-  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+  for (Mode mode : kCodeReadModes) {
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
     check_steps_against_cpu({4, 32, 256, 1}, 40, mode, 16, speculative, false);
   }
@@ -564,7 +565,7 @@ TEST(CudaBackend, DirectReadoutMultiHeadBlocksMatchesCpu) {
   auto speculative = accept_up_to_eight;
   // Blocks of several heads (4 per block at W > 1 on a 132-SM H200; two tiles per head, so a
   // warp's tiles change heads), which windows 5 to 8 need to take the direct readout.
-  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4})
+  for (Mode mode : kCodeReadModes)
     check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 10, speculative, false);
 }
 
@@ -574,7 +575,7 @@ TEST(CudaBackend, DirectReadoutHistory32MatchesCpu) {
   // History 32: at dstate 128 the ring term on the tensor cores in two k-steps of 16 entries
   // (blocks of four heads at W > 1 on a 132-SM H200); at dstate 256 the ring pass on the CUDA
   // cores at W <= 4 and the staged readout at 5-8, as before.
-  for (Mode mode : {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4}) {
+  for (Mode mode : kCodeReadModes) {
     check_steps_against_cpu({16, 32, 128, 2}, 192, mode, 16, speculative, false, DType::bf16, 32);
     check_steps_against_cpu({4, 32, 256, 1}, 40, mode, 24, speculative, false, DType::bf16, 32);
   }

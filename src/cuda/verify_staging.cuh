@@ -207,12 +207,11 @@ __device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
 
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
 // counter) advances the slot's cursors, so no block of the entry can still read the old ones
-// and no separate finalize launch is needed. In one launch (small_step_kernel), where the entry
-// flushed (its blocks folded their heads in that kernel), that whole block also appends the
-// window's B of every
-// group: the window's ring positions may be those of committed entries (c + W wraps past the
-// ring's end), whose B the other blocks of the group fold until they finish. Uniform over the
-// block.
+// and no separate finalize launch is needed. In one launch (small_step_kernel,
+// small_verify_kernel), where the entry flushed (its blocks folded their heads in that kernel),
+// that whole block also appends the window's B of every group: the window's ring positions may
+// be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
+// the group fold until they finish. Uniform over the block.
 // `known`: the slot's cursors as every block of the entry read them, where the caller holds them
 // (then the last block does not wait for them again).
 template <typename ActT, bool kOneLaunch>
