@@ -149,14 +149,18 @@ class CudaBackend final : public CacheBackend {
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    const size_t smem = std::max(smem_fold_, smem_verify_);
+    // small_step_kernel copies a whole entry's inputs (one token) for its validation scan.
+    const size_t smem_scan = cuda::entry_scan_smem(1, shape.nheads, shape.headdim, shape.ngroups, N,
+                                                   int(dtype_size(config.activation_dtype)));
+    const size_t smem = std::max({smem_fold_, smem_verify_, smem_scan});
     check(smem <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
-          " and headdim ", shape.headdim, " need ", smem, " bytes of shared memory per block; ",
-          "this device allows ", smem_limit);
+          ", headdim ", shape.headdim, " and ", shape.nheads, " heads need ", smem,
+          " bytes of shared memory per block; this device allows ", smem_limit);
     ensure_flush_list(config.num_slots);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config.mode, [&]<Mode kMode>() {
-      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, shape.headdim, group_heads);
+      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, shape.headdim, shape.ngroups,
+                                          group_heads);
     });
     // The slot kernels, shared by the modes.
     cuda::load_kernel(cuda::commit_kernel);
@@ -262,8 +266,12 @@ class CudaBackend final : public CacheBackend {
     const cuda::LaunchConfig lc = launch_config();
     if (!one_launch)
       cuda::with_act(lc, [&]<typename ActT>() {
-        cuda::validate_tokens_kernel<ActT>
-            <<<dim3(p.batch, cuda::kValidateSplit), 256, 0, stream_>>>(p);
+        const dim3 grid(p.batch, cuda::kValidateSplit);
+        if (small_window)  // its launch overlaps the kernel before it (validate_tokens_kernel)
+          cuda::launch_dependent(cuda::validate_tokens_kernel<ActT>, grid, dim3(256), 0, stream_,
+                                 p);
+        else
+          cuda::validate_tokens_kernel<ActT><<<grid, 256, 0, stream_>>>(p);
       });
     cuda::with_mode(config_.mode, [&]<Mode kMode>() {
       // Flush and verify are launched dependent on the kernel before them (cuda_common.cuh).

@@ -123,56 +123,54 @@ __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
                        f);
 }
 
+// The inputs of batch entry b as the validation scans them: x, B and C of every token as one run
+// of 16-byte vectors (x first), and dt.
+template <typename ActT>
+struct EntryInputs {
+  const uint4* x;   // [T H P] activations
+  const uint4* B;   // [T G N]
+  const uint4* C;   // [T G N]
+  const float* dt;  // [T H]
+  int64_t x_vectors, b_vectors, vectors, dts;
+  __device__ EntryInputs(const ReplayParams& p, int b) {
+    const int T = p.tokens;
+    const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N;
+    dts = int64_t(T) * p.H;
+    x_vectors = nx * int64_t(sizeof(ActT)) / 16;
+    b_vectors = nb * int64_t(sizeof(ActT)) / 16;
+    vectors = x_vectors + 2 * b_vectors;
+    x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
+    B = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
+    C = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
+    dt = p.dt + b * dts;
+  }
+  __device__ const uint4* vector(int64_t u) const {
+    return u < x_vectors ? x + u
+                         : (u < x_vectors + b_vectors ? B + (u - x_vectors)
+                                                      : C + (u - x_vectors - b_vectors));
+  }
+};
+
 // Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
-// NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise.
-// kBatched (a one-launch step, one block scanning a whole entry: 10 vectors per thread at
-// nemotron-h-8b's shape): the vectors in predicated batches of kScanBatch loads, where the loop
-// unrolled over a run-time trip count issued its remainder one load per round trip (H200, W = 1,
-// separate-fp8: batch 1 11.7 -> 10.6 us, batch 2 13.0 -> 11.9; every 8/4-bit mode 1.0-1.2 us;
-// small_step_kernel takes 16, one batch at that shape). validate_tokens_kernel, whose threads scan
-// a vector or two, keeps the plain loop (batched, W = 1 batch 64 took 0.3-0.4 us longer).
-template <typename ActT, bool kBatched = false, int kScanBatch = 8>
+// NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise
+// (validate_tokens_kernel, whose threads scan a vector or two; a one-launch step scans its whole
+// entry by EntryScan).
+template <typename ActT>
 __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
                                                     int64_t stride) {
-  const int T = p.tokens;
-  const int64_t nx = int64_t(T) * p.H * p.P, nb = int64_t(T) * p.G * p.N, nd = int64_t(T) * p.H;
-  const int64_t ux = nx * int64_t(sizeof(ActT)) / 16, ub = nb * int64_t(sizeof(ActT)) / 16;
-  const uint4* x = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + b * nx);
-  const uint4* Bm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.B) + b * nb);
-  const uint4* Cm = reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.C) + b * nb);
-  const float* dt = p.dt + b * nd;
-  const int64_t total = ux + 2 * ub;
-  auto vector = [&](int64_t u) {
-    return u < ux ? x[u] : (u < ux + ub ? Bm[u - ux] : Cm[u - ux - ub]);
-  };
+  const EntryInputs<ActT> in(p, b);
   bool bad = false;
-  if constexpr (kBatched) {
-    // The thread's first dt value is loaded with the first batch of vectors and tested after it.
-    const float dt0 = first < nd ? dt[first] : 0.f;
-    for (int64_t u0 = first; u0 < total; u0 += kScanBatch * stride) {
-      uint4 v[kScanBatch];
-#pragma unroll
-      for (int i = 0; i < kScanBatch; ++i) {
-        const int64_t u = u0 + i * stride;
-        v[i] = u < total ? vector(u) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int i = 0; i < kScanBatch; ++i) bad |= nonfinite16<ActT>(v[i], p.act_f16);
-    }
-    bad |= !isfinite(dt0);
-    for (int64_t i = first + stride; i < nd; i += stride) bad |= !isfinite(dt[i]);
-  } else {
 #pragma unroll 8  // several of a thread's loads in flight together
-    for (int64_t u = first; u < total; u += stride) bad |= nonfinite16<ActT>(vector(u), p.act_f16);
-    for (int64_t i = first; i < nd; i += stride) bad |= !isfinite(dt[i]);
-  }
+  for (int64_t u = first; u < in.vectors; u += stride)
+    bad |= nonfinite16<ActT>(*in.vector(u), p.act_f16);
+  for (int64_t i = first; i < in.dts; i += stride) bad |= !isfinite(in.dt[i]);
   return bad;
 }
 
 // The checks of validate_tokens_kernel made by a block of a one-launch step for its own entry:
 // open, nothing pending (`cur`: the slot's cursors), finite inputs (`nonfinite`: this thread's
-// entry_has_nonfinite, which the caller issues before it waits for the slot, as
-// validate_tokens_kernel does). Every block of the entry reaches the same answer; the one with
+// EntryScan, which the caller issues before it waits for the slot, as validate_tokens_kernel
+// issues its scan). Every block of the entry reaches the same answer; the one with
 // `report` raises the error. Uniform over the block.
 __device__ __forceinline__ bool entry_valid(const ReplayParams& p, int slot, const SlotCursors& cur,
                                             bool nonfinite, bool report) {

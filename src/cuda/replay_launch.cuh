@@ -87,8 +87,11 @@ inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) 
 }
 
 // small_step_kernel's shared memory: its own, or the fold's where that is larger.
-inline size_t small_step_smem(const LaunchConfig& lc, int L) {
-  return std::max(lc.smem_fold, SmallStepSmem::bytes(L));
+// The fold's, or the step's own, or the validation scan's copy of the entry's inputs.
+template <typename ActT>
+size_t small_step_smem(const LaunchConfig& lc, int L, int H, int P, int G, int N) {
+  return std::max(
+      {lc.smem_fold, SmallStepSmem::bytes(L), entry_scan_smem(1, H, P, G, N, int(sizeof(ActT)))});
 }
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),
@@ -137,7 +140,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
         const auto kernel = small_step_kernel<kMode, ActT, kEntries>;
-        const size_t smem = small_step_smem(lc, p.L);
+        const size_t smem = small_step_smem<ActT>(lc, p.L, p.H, p.P, p.G, p.N);
         allow_dynamic_smem(kernel, smem);
         launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kSmallStepThreads, smem, p);
       } else if (p.tokens == 1) {
@@ -187,7 +190,8 @@ void load_kernel(Kernel kernel, size_t smem) {
 }
 
 template <Mode kMode>
-void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, int max_heads) {
+void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, int G,
+                                   int max_heads) {
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);
@@ -207,7 +211,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
                 small_verify_smem(L, N, P, L / 2, int(sizeof(ActT))));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
-      load_kernel(small_step_kernel<kMode, ActT, kEntries>, small_step_smem(lc, L));
+      load_kernel(small_step_kernel<kMode, ActT, kEntries>,
+                  small_step_smem<ActT>(lc, L, G * max_heads, P, G, N));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode));
       if constexpr (has_bf16_readout(kMode))

@@ -14,9 +14,15 @@ namespace replayssm::cuda {
 // chain (the kernel is a few dependent loads long; at batch 64 W = 1 it took 4.5 us).
 template <typename ActT>
 __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams p) {
-  // A plain launch (everything before it in the stream is complete): small_verify_kernel may
-  // start at once and read what this kernel does not write before it waits for this grid.
-  if (p.small_window) allow_dependent_launch();
+  // Before small_verify_kernel (p.small_window) this grid is launched dependent on the kernel
+  // before it, so that its launch overlaps that kernel (the commit of the previous step). Past
+  // the wait every grid before this one is complete (each of ours waits for the one before it),
+  // and small_verify_kernel may start: it reads what this kernel does not write before it waits
+  // for this grid. Elsewhere a plain launch, whose wait returns at once.
+  if (p.small_window) {
+    wait_for_previous_grid();
+    allow_dependent_launch();
+  }
   const int b = blockIdx.x, part = blockIdx.y;
   int32_t* st = p.status + b * kValidateSplit;
   const bool local = entry_has_nonfinite<ActT>(p, b, int64_t(part) * blockDim.x,
@@ -85,7 +91,12 @@ __global__ void flush_finalize_kernel(const ReplayParams p) {
 // commit: accepted [B] on the device; invalid counts raise an error and leave the slot as is.
 __global__ void commit_kernel(SlotCursors* cursors, const int32_t* slots, const int32_t* accepted,
                               int batch, DeviceError* error) {
-  wait_for_previous_grid();  // launched dependent on the verify before it
+  // Launched dependent on the verify before it. The kernel after it may be scheduled at once:
+  // every kernel of ours launched dependent waits for this grid before it reads anything this
+  // step writes (validate_tokens before small_verify_kernel: the next step's, resident before
+  // this one ends).
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= batch) return;
   const int slot = slots[b];

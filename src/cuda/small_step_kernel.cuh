@@ -12,14 +12,18 @@ namespace replayssm::cuda {
 // One block per (batch entry, head): at batch 1 to 4 a step moves 0.5-2 MB, a fraction of a
 // microsecond at the copy bandwidth, and its time is the chain of dependent global round trips
 // (600-800 cycles each on the H200) and barriers. So the block issues everything as soon as its
-// address is known and has no staging:
+// address is known:
 //
-//   round trip 1  slot id; the entry's inputs (the validation scan), this head's C, B, dt, x
+//   round trip 1  slot id; this head's C, B, dt, x; the entry's inputs for the validation scan,
+//                 copied into shared memory by cp.async (EntryScan), which the slot's loads need
+//                 not wait for
 //   round trip 2  the slot's cursors; the head's read-checkpoint rows (RowMap, into registers);
 //                 B, x and delta at every ring position (the cursors then say which positions
 //                 hold committed entries and in which order: loading the L positions instead of
 //                 the c entries takes a round trip out of the step)
-//   then          B_k . C, the weights, the readout, y; the arrival counter (finish_verify)
+//   then          the scan's verdict; without a fold the block's arrival (early_arrival), its
+//                 round trip beside the rest; B_k . C, the weights, the readout, y; the last
+//                 block to arrive advances the cursors (after a fold: finish_verify)
 //
 // (H200, session 27, bench/results/2026-12-02-h200-session27.md: batch 1 separate-fp8 9.7 us in
 // verify_kernel's former one-launch variant, 8.5 with the ring a third round trip, 7.2 since;
@@ -105,8 +109,14 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
                                             : make_uint4(0u, 0u, 0u, 0u);
   };
   load_window();
-  const bool nonfinite = entry_has_nonfinite<ActT, true, 16>(p, b, threadIdx.x, blockDim.x);
-  if (slot < 0) return;  // padding
+  // The validation scan's copies land in the fold's space: each thread tests its own before
+  // entry_valid's barrier, and nothing else is written there until after it.
+  uint4* const scan_stage = reinterpret_cast<uint4*>(smem_raw);
+  EntryScan<ActT>::stage(p, b, scan_stage);
+  if (slot < 0) {  // padding
+    cp_async_wait<0>();
+    return;
+  }
 
   // ---- round trip 2: everything at the slot's addresses: the cursors, this head's read
   // checkpoint rows and every ring position (which of them hold committed entries, and in which
@@ -147,11 +157,14 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   }
   SlotCursors cur = p.cursors[slot];
   const SlotCursors before = cur;  // what finish_verify would load again
+  cp_async_wait<0>();
+  const bool nonfinite = EntryScan<ActT>::nonfinite(p, scan_stage);
   if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
   // itself (what is loaded above is loaded again or, the ring being empty after it, unused);
   // this block reads its writes after the barrier.
   const bool folded = verify_needs_flush(cur, 1, L);  // c = L > 0
+  int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
     flush_head<kMode, ActT, 2>(p, slot, cur, h, smem);
     __syncthreads();
@@ -164,6 +177,9 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
       for (int t = 0; t < kEntries; ++t) ring_x[r][t] = ActT(0);
 #pragma unroll
     for (int q = 0; q < kSmallStepDots; ++q) ring_b[q] = Act8<ActT>{};
+  } else {
+    // Every thread holds the cursors (entry_valid's barrier): the arrival goes now.
+    ticket = early_arrival(p, b);
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   const float delta_window = process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
@@ -277,7 +293,10 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     const int row = rm.row(base, lane / per_value);
     if (lane % per_value == 0 && row < P) store_scalar(p.y, p.y_dtype, y0 + row, y);
   }
-  finish_verify<ActT, true>(p, b, slot, H, &before);
+  if (folded)
+    finish_verify<ActT, true>(p, b, slot, H, &before);
+  else
+    finish_early_arrival(p, b, slot, H, before, ticket);
 }
 
 }  // namespace replayssm::cuda

@@ -13,16 +13,18 @@ namespace replayssm::cuda {
 // trips, not bytes. The chained path is three launches (validate_tokens, flush_kernel,
 // verify_kernel); this is two: validate_tokens, then one block per (entry, head) that
 //
-//   before validate_tokens is done (it lets this grid start at once, and this grid reads nothing
-//   it writes until wait_for_previous_grid)
+//   before validate_tokens is done (it lets this grid start once past its own wait; this grid
+//   reads nothing it writes until wait_for_previous_grid)
 //     round trip 1  slot id; the window's B, C (the head's group) and x, dt (the head) -> smem
-//     round trip 2  the slot's cursors; the head's read-checkpoint rows (into registers); B, x and
-//                   delta at every ring position -> smem (the cursors say which positions hold
-//                   the committed entries, and in which order, only when they arrive)
+//     round trip 2  the slot's cursors; the head's read-checkpoint rows and delta at every ring
+//                   position (into registers); B and x at every ring position -> smem (the
+//                   cursors say which positions hold the committed entries, and in which order,
+//                   only when they arrive)
 //   then            the entry's verdict (validate_tokens' status words); where c + W > L the fold
 //                   of its own head (flush_head) and the new checkpoint rows; the window's ring
 //                   x and delta; B_k . C_j; the weights; the readout of the W outputs; the
-//                   arrival counter (finish_verify: the last block advances the cursors)
+//                   last block to arrive advances the cursors (without a fold the arrival goes
+//                   before B_k . C_j: early_arrival; after one, at the end: finish_verify)
 //
 // with, at logical position i = c + j of window token j (c committed entries after any fold,
 // L_k = delta_0 + ... + delta_k, Cr_j = C_j rounded to bf16 in the 8/4-bit read modes),
@@ -47,25 +49,23 @@ inline constexpr int kSmallVerifyRows = 2;  // rows per thread (nemotron-h-8b: t
 // Shared memory, placed after the fold's (flush_head overwrites that; what is staged here
 // outlives the fold). Activations in their own dtype (ActT); counts in elements.
 struct SmallVerifySmem {
-  void* ring_B;       // [L, N] ActT  B at each ring position (the head's group)
-  void* ring_x;       // [L, P] ActT  x of the head at each ring position
-  void* win_B;        // [W, N] ActT  the window's B
-  void* win_C;        // [W, N] ActT  the window's C
-  void* win_x;        // [W, P] ActT  the window's x of the head
-  float* ring_delta;  // [L]          delta of the head at each ring position
-  float* win_delta;   // [W]          the window's delta of the head
-  float* dot;         // [W, L]       B_k . C_j, logical entry k
-  float* w;           // [W, L]       w_jk
-  float* dec;         // [W]          exp(A L_{c+j})
-  float* delta_log;   // [L]          delta_k, logical entry k
-  float* Cr;          // [W, N]       C_j as the readout takes it (bf16-rounded in 8/4-bit modes)
+  void* ring_B;      // [L, N] ActT  B at each ring position (the head's group)
+  void* ring_x;      // [L, P] ActT  x of the head at each ring position
+  void* win_B;       // [W, N] ActT  the window's B
+  void* win_C;       // [W, N] ActT  the window's C
+  void* win_x;       // [W, P] ActT  the window's x of the head
+  float* dot;        // [W, L]       B_k . C_j, logical entry k
+  float* w;          // [W, L]       w_jk
+  float* dec;        // [W]          exp(A L_{c+j})
+  float* delta_log;  // [L]          delta_k, logical entry k
+  float* Cr;         // [W, N]       C_j as the readout takes it (bf16-rounded in 8/4-bit modes)
 
   __host__ __device__ static size_t act_bytes(int L, int N, int P, int W, int act_size) {
     return size_t(act_size) * (size_t(L) * (N + P) + size_t(W) * (2 * N + P));
   }
   __host__ __device__ static size_t bytes(int L, int N, int P, int W, int act_size) {
     return act_bytes(L, N, P, W, act_size) +
-           sizeof(float) * (2 * size_t(L) + W + 2 * size_t(W) * L + W + size_t(W) * N);
+           sizeof(float) * (size_t(L) + 2 * size_t(W) * L + W + size_t(W) * N);
   }
   // base: 16-byte aligned, past the fold's shared memory.
   __device__ static SmallVerifySmem carve(uint8_t* base, int L, int N, int P, int W, int act_size) {
@@ -76,9 +76,7 @@ struct SmallVerifySmem {
     s.ring_x = base + size_t(act_size) * (L + 2 * W) * N;
     s.win_x = base + size_t(act_size) * ((L + 2 * W) * N + L * P);
     s.Cr = reinterpret_cast<float*>(base + act_bytes(L, N, P, W, act_size));  // 16-byte aligned
-    s.ring_delta = s.Cr + W * N;
-    s.win_delta = s.ring_delta + L;
-    s.dot = s.win_delta + W;
+    s.dot = s.Cr + W * N;
     s.w = s.dot + W * L;
     s.dec = s.w + W * L;
     s.delta_log = s.dec + W;
@@ -92,8 +90,8 @@ __host__ __device__ inline size_t small_verify_staging_offset(int L, int N, int 
 }
 
 // Grid (H / G, G, batch) of kSmallVerifyThreads: block (x, g, b) is head g H / G + x of entry b.
-// Launched dependent on validate_tokens (a plain launch, so everything before it in the stream
-// is complete when this grid starts).
+// Launched dependent on validate_tokens, which lets it start only once every grid before
+// validate_tokens is complete.
 template <Mode kMode, typename ActT>
 __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     small_verify_kernel(const ReplayParams p) {
@@ -147,10 +145,10 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   const bool ok = slot_ok(p, b);
   cp_async_wait<0>();
   if (!ok) return;  // uniform
-  if (int(threadIdx.x) < L) sm.ring_delta[threadIdx.x] = ring_delta;
-  if (int(threadIdx.x) < W)
-    sm.win_delta[threadIdx.x] =
-        process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+  // The window's delta of the head, in threads 0 .. W - 1.
+  const float win_delta =
+      int(threadIdx.x) < W ? process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max)
+                           : 0.f;
 
   // SPEC 4: the flush first (c + W > L). flush_head reads the committed entries itself; the
   // ring is empty after it, and the new checkpoint rows are loaded again.
@@ -161,8 +159,18 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     apply_flush(cur, L);
     load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
   }
-  __syncthreads();  // the staging and the deltas
   const int c = cur.committed, m = c + W;
+  // Entry deltas in logical order, for the weights' running sums: the committed entries' from
+  // their ring positions (none after a fold), then the window's.
+  if (int(threadIdx.x) < L) {
+    const int k = (int(threadIdx.x) - cur.origin) & (L - 1);
+    if (k < c) sm.delta_log[k] = ring_delta;
+  }
+  if (int(threadIdx.x) < W) sm.delta_log[c + threadIdx.x] = win_delta;
+  __syncthreads();  // the staging and the deltas
+  // Without a fold every block of the entry holds the cursors now, and they are all that the
+  // entry's last block writes that a block reads: the arrival goes now, its round trip hidden.
+  const int ticket = folded ? 0 : early_arrival(p, b);
   auto phys = [&](int k) { return ring_index(cur, k, L); };
   // Operands of logical entry k (k < c: committed, in the ring; else window token k - c).
   auto entry_B = [&](int k) {
@@ -171,7 +179,6 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   auto entry_x = [&](int k) {
     return static_cast<const ActT*>(k < c ? sm.ring_x : sm.win_x) + (k < c ? phys(k) : k - c) * P;
   };
-  auto entry_delta = [&](int k) { return k < c ? sm.ring_delta[phys(k)] : sm.win_delta[k - c]; };
 
   // The window into the ring at logical c .. c + W - 1, read by no block of this step (after a
   // fold, the positions of entries this head's fold read; other heads' blocks never read this
@@ -185,13 +192,10 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
                                (int64_t(phys(c + j)) * H + h) * P)[i] =
           reinterpret_cast<const uint4*>(static_cast<const ActT*>(sm.win_x) + j * P)[i];
     }
-    if (int(threadIdx.x) < W)
-      sec.ring_delta[phys(c + threadIdx.x) * H + h] = sm.win_delta[threadIdx.x];
+    if (int(threadIdx.x) < W) sec.ring_delta[phys(c + threadIdx.x) * H + h] = win_delta;
     if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
   }
 
-  // Entry deltas in logical order, for the weights' running sums.
-  for (int k = threadIdx.x; k < m; k += blockDim.x) sm.delta_log[k] = entry_delta(k);
   // The readout's C: rounded to bf16 in the 8/4-bit read modes (SPEC 5), as is otherwise.
   for (int u = threadIdx.x; u < W * N / 8; u += blockDim.x) {
     float cv[8];
@@ -307,7 +311,10 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
     }
   }
-  finish_verify<ActT, true>(p, b, slot, H, &before);
+  if (folded)
+    finish_verify<ActT, true>(p, b, slot, H, &before);
+  else
+    finish_early_arrival(p, b, slot, H, before, ticket);
 }
 
 }  // namespace replayssm::cuda

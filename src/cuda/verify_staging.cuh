@@ -3,6 +3,8 @@
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
+#include <cuda/atomic>
+
 #include "cuda/flush_kernel.cuh"
 #include "cuda/replay_common.cuh"
 
@@ -64,6 +66,11 @@ struct VerifyStage {
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+// 4 bytes (cp.async.ca: .cg copies 16 bytes only).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -180,6 +187,40 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
+// A one-launch step's scan of its whole entry's inputs for NaN / Inf (small_step_kernel: every
+// block scans its entry, 20 KB at nemotron-h-8b's W = 1), in two halves so that the slot's loads
+// go out while the inputs are in flight and no register holds them: stage() copies the entry's
+// vectors and dt values into shared memory by cp.async (thread t: u = t, t + blockDim.x, ...),
+// nonfinite() tests the thread's own copies once the caller's cp_async_wait has returned. Both
+// form the entry's addresses from p, so nothing is live between them.
+// EntryScan's shared memory for an entry of `tokens` tokens: its 16-byte vectors, then [T H] dt.
+inline size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
+  const size_t act = size_t(tokens) * (size_t(H) * P + 2 * size_t(G) * N) * act_size;
+  return act + (sizeof(float) * tokens * H + 15) / 16 * 16;
+}
+template <typename ActT>
+struct EntryScan {
+  __device__ static void stage(const ReplayParams& p, int b, uint4* smem) {
+    const EntryInputs<ActT> in(p, b);
+    for (int64_t u = threadIdx.x; u < in.vectors; u += blockDim.x)
+      cp_async16(smem + u, in.vector(u));
+    float* const dt = reinterpret_cast<float*>(smem + in.vectors);
+    for (int64_t i = threadIdx.x; i < in.dts; i += blockDim.x) cp_async4(dt + i, in.dt + i);
+    cp_async_commit();
+  }
+  __device__ static bool nonfinite(const ReplayParams& p, const uint4* smem) {
+    const int64_t vectors = int64_t(p.tokens) * (int64_t(p.H) * p.P + 2 * int64_t(p.G) * p.N) *
+                            int64_t(sizeof(ActT)) / 16;
+    const int64_t dts = int64_t(p.tokens) * p.H;
+    bool bad = false;
+    for (int64_t u = threadIdx.x; u < vectors; u += blockDim.x)
+      bad |= nonfinite16<ActT>(smem[u], p.act_f16);
+    const float* const dt = reinterpret_cast<const float*>(smem + vectors);
+    for (int64_t i = threadIdx.x; i < dts; i += blockDim.x) bad |= !isfinite(dt[i]);
+    return bad;
+  }
+};
+
 // The window's B of groups g0 .. g0 + groups - 1 into the ring at logical positions c.. of
 // `after` (the cursors after any flush of this step), in 16-byte vectors, from `src` (the window's
 // first row there: token j's groups start at src + j * src_stride).
@@ -243,6 +284,32 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
     atomicAdd(&p.stats->flushes, 1ull);
     atomicAdd(&p.stats->checkpoint_writes, 1ull);
   }
+}
+
+// The arrival of a block of small_step_kernel or small_verify_kernel at a step that does not
+// fold: the cursors are then the only memory that the entry's last block writes and the entry's
+// blocks read, so a block may arrive as soon as all its threads hold them (the caller's barrier
+// is between their loads and this). Thread 0 takes the ticket; its round trip overlaps the rest
+// of the step instead of ending it (finish_verify: a fence and an atomic after the readout). The
+// release orders the block's reads before the arrival, the acquire the last block's cursor write
+// after it.
+__device__ __forceinline__ int early_arrival(const ReplayParams& p, int b) {
+  if (threadIdx.x != 0) return 0;
+  ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
+  return arrivals.fetch_add(1, ::cuda::memory_order_acq_rel);
+}
+
+// The end of such a block: the last to arrive advances the cursors (`known`: as every block read
+// them; no flush in this step).
+__device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int b, int slot,
+                                                     int blocks_per_entry, const SlotCursors& known,
+                                                     int ticket) {
+  if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
+  p.arrivals[b] = 0;  // ready for the next verify
+  SlotCursors cur = known;
+  apply_verify(cur, p.tokens);
+  if (p.commit_window) apply_commit(cur, p.tokens);
+  p.cursors[slot] = cur;
 }
 
 }  // namespace replayssm::cuda
