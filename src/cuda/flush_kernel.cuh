@@ -68,11 +68,15 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 // issued, so that their latency and the status words' overlap) unless entry check_b is valid.
 // kChunked: the item is chunk `chunk` of `chunks` shares of the head's row groups (flush_kernel);
 // otherwise the whole head (the arguments are ignored, and the loop keeps its registers).
+// held (small_verify_kernel): the fold's operands the block holds (stage_fold) and the first row
+// group of the recurrence checkpoint, loaded by the caller (load_group, rec) before it knew
+// whether the step may write.
 template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false,
           bool kChunked = false>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
                                            int h, float* smem, int check_b = -1, int chunk = 0,
-                                           int chunks = 1) {
+                                           int chunks = 1, const FoldOperands<ActT>* held = nullptr,
+                                           const RawChunk* held_raw = nullptr) {
   const int N = p.N, P = p.P;
   const SlotSections sec = slot_sections(p.geo, slot);
   const RowMap rm(p.lanes_per_row, kRows);
@@ -81,10 +85,15 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   const int row_end = kChunked ? min(P, (chunk + 1) * groups / chunks * rm.rows_per_group) : P;
   RawChunk raw[kRows];
   int prow[kRows];
-  load_group<kMode>(sec, rm, h, P, N, row_begin, true, raw, prow);
+  if (held_raw) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) raw[r] = held_raw[r], prow[r] = rm.row(row_begin, r);
+  } else {
+    load_group<kMode>(sec, rm, h, P, N, row_begin, true, raw, prow);
+  }
   if (check_b >= 0 && !slot_ok(p, check_b)) return;  // uniform over the block
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
-  stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), f);
+  stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), held, f);
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
   int saturated = 0, nonfinite = 0;

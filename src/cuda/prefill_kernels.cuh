@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kStepThreads) prefill_kernel(const ReplayParam
   const int g = h / (H / G);
   const SlotSections sec = slot_sections(p.geo, slot);
   const FoldSmem f = FoldSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
-  stage_fold<ActT>(p, sec, cur, cur.committed, h, g, f);
+  stage_fold<ActT>(p, sec, cur, cur.committed, h, g, nullptr, f);
   __syncthreads();
   const float A = p.head.A[h], D = p.head.D[h];
   const RowMap rm(p.lanes_per_row, kStepRows);
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kStepThreads)
   const SlotSections sec = slot_sections(p.geo, slot);
   const FoldSmem f = FoldSmem::carve(reinterpret_cast<float*>(smem_raw), p.L, N, P);
   const int at = encode ? 0 : p.at;
-  if (!encode) stage_fold<ActT>(p, sec, cur, at, h, h / (H / G), f);
+  if (!encode) stage_fold<ActT>(p, sec, cur, at, h, h / (H / G), nullptr, f);
   __syncthreads();
   const RowMap rm(p.lanes_per_row, 1);
   const int lanes = rm.lanes, lane_in_row = rm.lane_in_row, n0 = rm.n0;

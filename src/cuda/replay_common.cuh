@@ -316,21 +316,60 @@ __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[k
   }
 }
 
+// run = delta[0] + ... + delta[count - 1] and upto = delta[0] + ... + delta[k], summed one after
+// another as the CPU reference sums them; the deltas (shared memory) are loaded 8 at a time,
+// so that the chain of additions waits for one load in 8.
+__device__ __forceinline__ void running_sums(const float* delta, int count, int k, float& run,
+                                             float& upto) {
+  for (int q0 = 0; q0 < count; q0 += 8) {
+    float d[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d[i] = q0 + i < count ? delta[q0 + i] : 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (q0 + i < count) run += d[i];
+      if (q0 + i == k) upto = run;
+    }
+  }
+}
+
+// The committed entries' operands of a fold that a block already holds (small_verify_kernel):
+// B and x at every ring position in shared memory, as they are in the ring (ActT), and the
+// head's delta at ring position threadIdx.x (threads 0 .. L - 1) in a register.
+template <typename ActT>
+struct FoldOperands {
+  const ActT* B;  // [L, N] the head's group
+  const ActT* x;  // [L, P] the head
+  float delta;    // at ring position threadIdx.x
+};
+
 // Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
-// (the CPU reference's order: scale the decoded row, then add the entries in logical order).
+// (the CPU reference's order: scale the decoded row, then add the entries in logical order),
+// from the slot's ring, or from `held` where the block holds them.
 // Ends with a barrier; the weights are ready after the caller's next one.
 template <typename ActT>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
-                                           const FoldSmem& f) {
-  const StageSegment<ActT> seg[2] = {{f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
-                                      int64_t(p.G) * p.N, count, p.N, true, nullptr},
-                                     {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
-                                      int64_t(p.H) * p.P, count, p.P, true, nullptr}};
-  stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
-  for (int k = threadIdx.x; k < count; k += blockDim.x)
-    f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
+                                           const FoldOperands<ActT>* held, const FoldSmem& f) {
+  if (held) {
+    const StageSegment<ActT> seg[2] = {{f.B, held->B, p.N, count, p.N, true, nullptr},
+                                       {f.x, held->x, p.P, count, p.P, true, nullptr}};
+    stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
+    if (int(threadIdx.x) < p.L) {
+      const int k = (int(threadIdx.x) - cur.origin) & (p.L - 1);
+      if (k < count) f.w[k] = held->delta;
+    }
+  } else {
+    const StageSegment<ActT> seg[2] = {
+        {f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N, int64_t(p.G) * p.N, count,
+         p.N, true, nullptr},
+        {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P, int64_t(p.H) * p.P, count,
+         p.P, true, nullptr}};
+    stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
+    for (int k = threadIdx.x; k < count; k += blockDim.x)
+      f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
+  }
   __syncthreads();
   // Thread k forms the weight of entry k (count <= L <= 32 < blockDim.x); every thread sums the
   // deltas in logical order, the CPU reference's order.

@@ -243,10 +243,7 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   if (int(threadIdx.x) < m) {
     const int k = threadIdx.x;
     float run = 0.f, Lk = 0.f;
-    for (int q = 0; q < m; ++q) {
-      run += sm.delta[q];
-      if (q == k) Lk = run;
-    }
+    running_sums(sm.delta, m, k, run, Lk);
     const float A = p.head.A[h];
     float w = sm.delta[k] * decay(A * (run - Lk)) * sm.dot[k];
     if (k == c) {

@@ -138,6 +138,14 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   const float ring_delta = int(threadIdx.x) < L ? sec.ring_delta[threadIdx.x * H + h] : 0.f;
   SlotCursors cur = p.cursors[slot];
   const SlotCursors before = cur;  // what finish_verify would load again
+  // Where the entry flushes, the fold's first recurrence rows too (whether the step may write is
+  // known only below).
+  const bool folded = verify_needs_flush(cur, W, L);
+  RawChunk fold_raw[kRows];
+  if (folded) {
+    int fold_prow[kRows];
+    load_group<kMode>(sec, rm, h, P, N, 0, true, fold_raw, fold_prow);
+  }
 
   // ---- the verdict of validate_tokens (open, nothing pending, finite inputs; it raised any
   // error), the same for every block of the entry
@@ -150,11 +158,13 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
       int(threadIdx.x) < W ? process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max)
                            : 0.f;
 
-  // SPEC 4: the flush first (c + W > L). flush_head reads the committed entries itself; the
-  // ring is empty after it, and the new checkpoint rows are loaded again.
-  const bool folded = verify_needs_flush(cur, W, L);
+  // SPEC 4: the flush first (c + W > L), from the ring this block staged; the ring is empty
+  // after it, and the new checkpoint rows are loaded again.
   if (folded) {
-    flush_head<kMode, ActT, 2>(p, slot, cur, h, fold_smem);
+    __syncthreads();  // every thread's copies of the ring
+    const FoldOperands<ActT> held{static_cast<const ActT*>(sm.ring_B),
+                                  static_cast<const ActT*>(sm.ring_x), ring_delta};
+    flush_head<kMode, ActT, kRows>(p, slot, cur, h, fold_smem, -1, 0, 1, &held, fold_raw);
     __syncthreads();  // this block reads its own writes below
     apply_flush(cur, L);
     load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
@@ -244,10 +254,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
       continue;
     }
     float run = 0.f, Lk = 0.f;
-    for (int e = 0; e <= i; ++e) {
-      run += sm.delta_log[e];
-      if (e == k) Lk = run;
-    }
+    running_sums(sm.delta_log, i + 1, k, run, Lk);
     float w = sm.delta_log[k] * decay(A * (run - Lk)) * sm.dot[j * L + k];
     if (k == i) {
       w += p.head.D[h];
