@@ -264,60 +264,68 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   }
   __syncthreads();  // sm.w, sm.dec
 
-  // ---- the readout, one row group at a time (nemotron-h-8b: one). The outputs go 4 at a time:
-  // a lane holds its share of y_j at each of its rows (8 columns of the checkpoint term, the ring
-  // terms of its entries k = lane, lane + lanes, ...), and one reduction of those 4 x kRows values
-  // over the row's lanes leaves each value's sum in lanes / 8 of them.
-  constexpr int kOut = 4;                 // outputs per reduction
-  constexpr int kValues = kOut * kRows;   // 8: row_sum_values needs lanes >= 8 (dstate >= 64)
-  const int per_value = lanes / kValues;  // lanes holding each value's sum
-  const int my_value = lane / per_value;  // value index v = jj kRows + r
-  for (int base = 0; base < P; base += rm.rows_per_group) {
-    float v[kRows][8], scale[kRows];
+  // ---- the readout, one row group at a time (nemotron-h-8b: one). The outputs go kOut at a
+  // time: a lane holds its share of y_j at each of its rows (8 columns of the checkpoint term, the
+  // ring terms of its entries k = lane, lane + lanes, ...), and one reduction of those kOut x
+  // kRows values over the row's lanes leaves each value's sum in lanes / (kOut kRows) of them.
+  // Windows of 5 to 8 take all their outputs in one reduction where the row has 16 lanes or more
+  // (dstate >= 128: one value per lane), the others 4 at a time (row_sum_values needs
+  // lanes >= kOut kRows).
+  auto readout = [&]<int kOut>() {
+    constexpr int kValues = kOut * kRows;
+    const int per_value = lanes / kValues;  // lanes holding each value's sum
+    const int my_value = lane / per_value;  // value index v = jj kRows + r
+    for (int base = 0; base < P; base += rm.rows_per_group) {
+      float v[kRows][8], scale[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], false, v[r]);
-    int xrow[kRows];
+      for (int r = 0; r < kRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], false, v[r]);
+      int xrow[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) xrow[r] = min(rm.row(base, r), P - 1);
-    const int next = base + rm.rows_per_group;
-    if (next < P) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
-    for (int j0 = 0; j0 < W; j0 += kOut) {
-      float part[kValues];
-#pragma unroll
-      for (int jj = 0; jj < kOut; ++jj) {
-        const int j = j0 + jj < W ? j0 + jj : W - 1;  // past W: computed, never stored
-        const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0);
-        const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0 + 4);
-        const float cr[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-        const float dec = sm.dec[j];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          float s = 0.f;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) s += v[r][i] * cr[i];
-          part[jj * kRows + r] = dec * scale[r] * s;
-        }
-      }
-      // Ring terms: w_jk = 0 where output j does not see entry k (k > c + j).
-      const int k_end = min(m, c + j0 + kOut);
-      for (int k = lane; k < k_end; k += lanes) {
-        const ActT* xk = entry_x(k);
-        float xv[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) xv[r] = act_f32(xk[xrow[r]], f16);
+      for (int r = 0; r < kRows; ++r) xrow[r] = min(rm.row(base, r), P - 1);
+      const int next = base + rm.rows_per_group;
+      if (next < P) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
+      for (int j0 = 0; j0 < W; j0 += kOut) {
+        float part[kValues];
 #pragma unroll
         for (int jj = 0; jj < kOut; ++jj) {
-          const float wk = j0 + jj < W ? sm.w[(j0 + jj) * L + k] : 0.f;
+          const int j = j0 + jj < W ? j0 + jj : W - 1;  // past W: computed, never stored
+          const float4 c0 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0);
+          const float4 c1 = *reinterpret_cast<const float4*>(sm.Cr + j * N + rm.n0 + 4);
+          const float cr[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+          const float dec = sm.dec[j];
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) part[jj * kRows + r] += wk * xv[r];
+          for (int r = 0; r < kRows; ++r) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s += v[r][i] * cr[i];
+            part[jj * kRows + r] = dec * scale[r] * s;
+          }
         }
+        // Ring terms: w_jk = 0 where output j does not see entry k (k > c + j).
+        const int k_end = min(m, c + j0 + kOut);
+        for (int k = lane; k < k_end; k += lanes) {
+          const ActT* xk = entry_x(k);
+          float xv[kRows];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) xv[r] = act_f32(xk[xrow[r]], f16);
+#pragma unroll
+          for (int jj = 0; jj < kOut; ++jj) {
+            const float wk = j0 + jj < W ? sm.w[(j0 + jj) * L + k] : 0.f;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) part[jj * kRows + r] += wk * xv[r];
+          }
+        }
+        const float y = row_sum_values<kValues>(part, lane, lanes);
+        const int j = j0 + my_value / kRows, row = rm.row(base, my_value % kRows);
+        if (lane % per_value == 0 && j < W && row < P)
+          store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
       }
-      const float y = row_sum_values<kValues>(part, lane, lanes);
-      const int j = j0 + my_value / kRows, row = rm.row(base, my_value % kRows);
-      if (lane % per_value == 0 && j < W && row < P)
-        store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
     }
-  }
+  };
+  if (W > 4 && lanes >= 8 * kRows)
+    readout.template operator()<8>();
+  else
+    readout.template operator()<4>();
   if (folded)
     finish_verify<ActT, true>(p, b, slot, H, &before);
   else
