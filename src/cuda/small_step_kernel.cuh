@@ -108,11 +108,12 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
                                             : make_uint4(0u, 0u, 0u, 0u);
   };
-  load_window();
   // The validation scan's copies land in the fold's space: each thread tests its own before
-  // entry_valid's barrier, and nothing else is written there until after it.
+  // entry_valid's barrier, and nothing else is written there until after it. They go out
+  // before the window's loads, whose conversions wait for them.
   uint4* const scan_stage = reinterpret_cast<uint4*>(smem_raw);
   EntryScan<ActT>::stage(p, b, scan_stage);
+  load_window();
   if (slot < 0) {  // padding
     cp_async_wait<0>();
     return;

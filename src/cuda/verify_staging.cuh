@@ -289,14 +289,16 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // The arrival of a block of small_step_kernel or small_verify_kernel at a step that does not
 // fold: the cursors are then the only memory that the entry's last block writes and the entry's
 // blocks read, so a block may arrive as soon as all its threads hold them (the caller's barrier
-// is between their loads and this). Thread 0 takes the ticket; its round trip overlaps the rest
-// of the step instead of ending it (finish_verify: a fence and an atomic after the readout). The
-// release orders the block's reads before the arrival, the acquire the last block's cursor write
-// after it.
+// is between their loads and this). Thread 0 takes the ticket; the atomic's round trip overlaps
+// the rest of the step instead of ending it (finish_verify: a fence and an atomic after the
+// readout). A release, so that the block's reads come before it; the acquire that orders the
+// last block's cursor write after every arrival is that block's alone, at its end
+// (finish_early_arrival). An acq_rel atomic here made thread 0 wait for the round trip at once
+// (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
 __device__ __forceinline__ int early_arrival(const ReplayParams& p, int b) {
   if (threadIdx.x != 0) return 0;
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
-  return arrivals.fetch_add(1, ::cuda::memory_order_acq_rel);
+  return arrivals.fetch_add(1, ::cuda::memory_order_release);
 }
 
 // The end of such a block: the last to arrive advances the cursors (`known`: as every block read
@@ -305,6 +307,7 @@ __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int 
                                                      int blocks_per_entry, const SlotCursors& known,
                                                      int ticket) {
   if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
+  ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_device);
   p.arrivals[b] = 0;  // ready for the next verify
   SlotCursors cur = known;
   apply_verify(cur, p.tokens);
