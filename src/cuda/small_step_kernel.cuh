@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   };
   // The validation scan's copies land in the fold's space: each thread tests its own before
   // entry_valid's barrier, and nothing else is written there until after it. They go out
-  // before the window's loads, whose conversions wait for them.
+  // before the window's loads, whose conversions hold the thread until those arrive.
   uint4* const scan_stage = reinterpret_cast<uint4*>(smem_raw);
   EntryScan<ActT>::stage(p, b, scan_stage);
   load_window();

@@ -187,17 +187,18 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
+// EntryScan's shared memory for an entry of `tokens` tokens: its 16-byte vectors, then [T H] dt.
+inline size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
+  const size_t act = size_t(tokens) * (size_t(H) * P + 2 * size_t(G) * N) * act_size;
+  return act + (sizeof(float) * tokens * H + 15) / 16 * 16;
+}
+
 // A one-launch step's scan of its whole entry's inputs for NaN / Inf (small_step_kernel: every
 // block scans its entry, 20 KB at nemotron-h-8b's W = 1), in two halves so that the slot's loads
 // go out while the inputs are in flight and no register holds them: stage() copies the entry's
 // vectors and dt values into shared memory by cp.async (thread t: u = t, t + blockDim.x, ...),
 // nonfinite() tests the thread's own copies once the caller's cp_async_wait has returned. Both
 // form the entry's addresses from p, so nothing is live between them.
-// EntryScan's shared memory for an entry of `tokens` tokens: its 16-byte vectors, then [T H] dt.
-inline size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
-  const size_t act = size_t(tokens) * (size_t(H) * P + 2 * size_t(G) * N) * act_size;
-  return act + (sizeof(float) * tokens * H + 15) / 16 * 16;
-}
 template <typename ActT>
 struct EntryScan {
   __device__ static void stage(const ReplayParams& p, int b, uint4* smem) {
@@ -294,7 +295,8 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // readout). A release, so that the block's reads come before it; the acquire that orders the
 // last block's cursor write after every arrival is that block's alone, at its end
 // (finish_early_arrival). An acq_rel atomic here made thread 0 wait for the round trip at once
-// (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
+// (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C), though the step took as
+// long (call 6: batch 1 level, batch 4 2.5-3.1% faster with the release).
 __device__ __forceinline__ int early_arrival(const ReplayParams& p, int b) {
   if (threadIdx.x != 0) return 0;
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
