@@ -204,9 +204,9 @@ __device__ __forceinline__ float row_amax(float m, int lanes, float* pair = null
   return m;
 }
 
-// The halving exchanges of row_sum_values, one level per call, Half pairs at a time, by template
-// recursion: written as a loop over levels, the 16-value form was left rolled and its array put
-// in local memory (a 64-byte stack frame in small_verify_kernel).
+// One halving exchange of row_sum_values per level, Half pairs at a time, by template
+// recursion: for 16 values the loop over levels was left rolled and the array put in local memory
+// (a 64-byte stack frame in small_verify_kernel).
 template <int K, int Half>
 __device__ __forceinline__ void halve_values(float (&v)[K], int lane_in_row, int o) {
   const bool upper = (lane_in_row & o) != 0;
@@ -226,9 +226,21 @@ __device__ __forceinline__ void halve_values(float (&v)[K], int lane_in_row, int
 template <int K>
 __device__ __forceinline__ float row_sum_values(float (&v)[K], int lane_in_row, int lanes) {
   int o = lanes >> 1;
-  if constexpr (K >= 2) {
+  if constexpr (K >= 16) {
     halve_values<K, K / 2>(v, lane_in_row, o);
     o >>= __builtin_ctz(K);
+  } else {
+#pragma unroll
+    for (int half = K / 2; half >= 1; half /= 2) {
+      const bool upper = (lane_in_row & o) != 0;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = upper ? v[i] : v[i + half];
+        const float keep = upper ? v[i + half] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+      }
+      o >>= 1;
+    }
   }
   float s = v[0];
   for (; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
