@@ -267,7 +267,7 @@ class CudaBackend final : public CacheBackend {
     if (!one_launch)
       cuda::with_act(lc, [&]<typename ActT>() {
         const dim3 grid(p.batch, cuda::kValidateSplit);
-        if (small_window)  // its launch overlaps the kernel before it (validate_tokens_kernel)
+        if (small_window)  // its launch overlaps the kernel before it (slot_kernels.cuh)
           cuda::launch_dependent(cuda::validate_tokens_kernel<ActT>, grid, dim3(256), 0, stream_,
                                  p);
         else

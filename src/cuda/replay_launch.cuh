@@ -86,8 +86,8 @@ inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) 
   return small_verify_staging_offset(L, N, P) + SmallVerifySmem::bytes(L, N, P, windows, act_size);
 }
 
-// small_step_kernel's shared memory: its own, or the fold's where that is larger.
-// The fold's, or the step's own, or the validation scan's copy of the entry's inputs.
+// small_step_kernel's shared memory: the most of the fold's, its own and the validation scan's
+// copy of the entry's inputs (they overlay one another).
 template <typename ActT>
 size_t small_step_smem(const LaunchConfig& lc, int L, int H, int P, int G, int N) {
   return std::max(
