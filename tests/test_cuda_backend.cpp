@@ -869,8 +869,9 @@ TEST(CudaBackend, GraphCaptureOfDecode) {
 // dependent launch: small_step_kernel after the previous step, validate_tokens after a commit,
 // small_verify_kernel beside validate_tokens) and must still see every write of the steps before
 // it. Decode steps (W = 1) and verify + commit steps (W = 2 to 8) alternate at random; batch 3
-// takes small_step_kernel and small_verify_kernel, batch 6 small_step_kernel (fp32) or the
-// chained path and, at W > 1, the chained path.
+// takes small_step_kernel and small_verify_kernel, batch 6 small_step_kernel at W = 1 (one head
+// per verify block at this shape) and the chained path at W > 1 (6 x 32 blocks exceed one per SM
+// on a 132-SM H200).
 TEST(CudaBackend, BackToBackStepsMatchCpu) {
   SKIP_WITHOUT_DEVICE();
   const SsmShape shape{32, 64, 128, 2};
