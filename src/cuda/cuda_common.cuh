@@ -47,6 +47,22 @@ __device__ __forceinline__ float process_dt(float dt, float bias, float dt_min, 
   return delta;
 }
 
+// One head's scalars, for the kernels of small batches, which load them at their start, before
+// they wait for the previous grid: they are kernel parameters (no grid writes them), and an indexed
+// parameter misses the constant cache of an SM that runs no other block of the head, a round trip
+// that the step's chain would otherwise wait for where it first uses each of them.
+struct HeadScalars {
+  float A, dt_bias, D, dt_min, dt_max;
+  __device__ static HeadScalars load(const HeadParams& head, int h) {
+    HeadScalars s{head.A[h], head.dt_bias[h], head.D[h], head.dt_min, head.dt_max};
+    // Opaque from here, so loaded here and held in registers: the compiler would otherwise load
+    // an invariant parameter where it is first used.
+    asm volatile("" : "+f"(s.A), "+f"(s.dt_bias), "+f"(s.D), "+f"(s.dt_min), "+f"(s.dt_max));
+    return s;
+  }
+  __device__ float delta(float dt) const { return process_dt(dt, dt_bias, dt_min, dt_max); }
+};
+
 // exp(min(arg, 0)): every decay of SPEC section 3 has a non-positive exponent in exact arithmetic.
 __device__ __forceinline__ float decay(float arg) { return expf(fminf(arg, 0.f)); }
 

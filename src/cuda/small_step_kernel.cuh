@@ -77,6 +77,9 @@ struct Act8 {
 template <Mode kMode, typename ActT, int kEntries>
 __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const ReplayParams p) {
   constexpr int kRows = small_step_rows(kMode);
+  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
+  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  HeadScalars head = HeadScalars::load(p.head, h);  // while the previous grid runs
   // Launched dependent on the step before it; the next kernel's blocks may be scheduled at once
   // (they wait in wait_for_previous_grid for this grid to complete), which takes their launch
   // out of a small batch's step.
@@ -84,8 +87,6 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   allow_dependent_launch();
   extern __shared__ float4 smem_raw[];
   float* const smem = reinterpret_cast<float*>(smem_raw);
-  const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
-  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
   const bool f16 = p.act_f16;
   const RowMap rm(p.lanes_per_row, kRows);
   const int lanes = rm.lanes, lane = rm.lane_in_row;
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
   }
   SlotCursors cur = p.cursors[slot];
   const SlotCursors before = cur;  // what finish_verify would load again
+  float delta_window = head.delta(dt_window);  // while round trip 2 is out
   cp_async_wait<0>();
   const bool nonfinite = EntryScan<ActT>::nonfinite(p, scan_stage);
   if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
@@ -172,6 +174,8 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     apply_flush(cur, L);
     load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
     load_window();
+    head = HeadScalars::load(p.head, h);  // not held across the fold's registers
+    delta_window = head.delta(dt_window);
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -183,7 +187,6 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     ticket = early_arrival(p, b);
   }
   const SlotSections sec = slot_sections(p.geo, slot);
-  const float delta_window = process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
   const int c = cur.committed, m = c + 1;
   // Logical index of ring position `pos` (entries 0..c-1 committed; c: the window's position).
   auto logical = [&](int pos) { return (pos - cur.origin) & (L - 1); };
@@ -245,11 +248,10 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     const int k = threadIdx.x;
     float run = 0.f, Lk = 0.f;
     running_sums(sm.delta, m, k, run, Lk);
-    const float A = p.head.A[h];
-    float w = sm.delta[k] * decay(A * (run - Lk)) * sm.dot[k];
+    float w = sm.delta[k] * decay(head.A * (run - Lk)) * sm.dot[k];
     if (k == c) {
-      w += p.head.D[h];
-      *sm.dec = decay(A * run);
+      w += head.D;
+      *sm.dec = decay(head.A * run);
     }
     sm.w[k] = w;
   }

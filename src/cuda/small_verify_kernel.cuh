@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   float* const fold_smem = reinterpret_cast<float*>(smem_raw);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  HeadScalars head = HeadScalars::load(p.head, h);
   const bool f16 = p.act_f16;
   const RowMap rm(p.lanes_per_row, kRows);
   const int lanes = rm.lanes, lane = rm.lane_in_row;
@@ -147,16 +148,15 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     load_group<kMode>(sec, rm, h, P, N, 0, true, fold_raw, fold_prow);
   }
 
+  // The window's delta of the head, in threads 0 .. W - 1.
+  const float win_delta = int(threadIdx.x) < W ? head.delta(dt_window) : 0.f;
+
   // ---- the verdict of validate_tokens (open, nothing pending, finite inputs; it raised any
   // error), the same for every block of the entry
   wait_for_previous_grid();
   const bool ok = slot_ok(p, b);
   cp_async_wait<0>();
   if (!ok) return;  // uniform
-  // The window's delta of the head, in threads 0 .. W - 1.
-  const float win_delta =
-      int(threadIdx.x) < W ? process_dt(dt_window, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max)
-                           : 0.f;
 
   // SPEC 4: the flush first (c + W > L), from the ring this block staged; the ring is empty
   // after it, and the new checkpoint rows are loaded again.
@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     __syncthreads();  // this block reads its own writes below
     apply_flush(cur, L);
     load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+    head = HeadScalars::load(p.head, h);  // not held across the fold's registers
   }
   const int c = cur.committed, m = c + W;
   // Entry deltas in logical order, for the weights' running sums: the committed entries' from
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   }
   __syncthreads();  // sm.dot
   // The weights, one thread per pair: running sums in the CPU reference's order (sequential).
-  const float A = p.head.A[h];
+  const float A = head.A;
   for (int q = threadIdx.x; q < W * m; q += blockDim.x) {
     const int j = q / m, k = q - j * m, i = c + j;
     if (k > i) {  // not seen by output j: a zero weight, so the readout need not ask
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     running_sums(sm.delta_log, i + 1, k, run, Lk);
     float w = sm.delta_log[k] * decay(A * (run - Lk)) * sm.dot[j * L + k];
     if (k == i) {
-      w += p.head.D[h];
+      w += head.D;
       sm.dec[j] = decay(A * run);
     }
     sm.w[j * L + k] = w;
