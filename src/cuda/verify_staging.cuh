@@ -292,15 +292,17 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // blocks read, so a block may arrive as soon as all its threads hold them (the caller's barrier
 // is between their loads and this). Thread 0 takes the ticket; the atomic's round trip overlaps
 // the rest of the step instead of ending it (finish_verify: a fence and an atomic after the
-// readout). A release, so that the block's reads come before it; the acquire that orders the
-// last block's cursor write after every arrival is that block's alone, at its end
-// (finish_early_arrival). An acq_rel atomic here made thread 0 wait for the round trip at once
-// (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C), though the step took as
-// long (call 6: batch 1 level, batch 4 2.5-3.1% faster with the release).
+// readout).
+// A relaxed atomic: the one order it must keep is every block's read of the cursors before the
+// last block's write of them, and that write depends on every block's arrival, each of which
+// follows (through the caller's barrier, whose reduction consumes them) its block's cursor values:
+// a read that saw the write would be a self-satisfying cycle of dependencies, which the PTX memory
+// model's no-thin-air axiom excludes. A release (fence and atomic) would hold thread 0 at once for
+// the fence; an acq_rel one did (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
 __device__ __forceinline__ int early_arrival(const ReplayParams& p, int b) {
   if (threadIdx.x != 0) return 0;
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
-  return arrivals.fetch_add(1, ::cuda::memory_order_release);
+  return arrivals.fetch_add(1, ::cuda::memory_order_relaxed);
 }
 
 // The end of such a block: the last to arrive advances the cursors (`known`: as every block read
@@ -309,7 +311,6 @@ __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int 
                                                      int blocks_per_entry, const SlotCursors& known,
                                                      int ticket) {
   if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
-  ::cuda::atomic_thread_fence(::cuda::memory_order_acquire, ::cuda::thread_scope_device);
   p.arrivals[b] = 0;  // ready for the next verify
   SlotCursors cur = known;
   apply_verify(cur, p.tokens);
