@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const 
     if (int(threadIdx.x) < L) ring_delta = s.ring_delta[threadIdx.x * H + h];
   }
   SlotCursors cur = p.cursors[slot];
-  const SlotCursors before = cur;  // what finish_verify would load again
+  const SlotCursors before = cur;              // what finish_verify would load again
   float delta_window = head.delta(dt_window);  // while round trip 2 is out
   cp_async_wait<0>();
   const bool nonfinite = EntryScan<ActT>::nonfinite(p, scan_stage);
