@@ -484,18 +484,29 @@ int accept_up_to_eight(int, std::mt19937_64& rng) { return 1 + int(rng() % 8); }
 // Decode steps (W = 1) of batches 1 to 4, each one launch of small_step_kernel (a block per entry
 // and head, reading its checkpoint rows into registers, folding its head where the entry
 // flushes), across two or more flushes: every mode, dstate 64, 128 and 256, history 32 (two
-// ring entries per lane), fp16 and fp32 activations.
+// ring entries per lane), fp16 and fp32 activations. Block sizes (small_step_threads, on a GPU
+// of 132 SMs): the shapes of 8 heads or fewer and 128 heads at batches 1 and 2 take 256 threads,
+// 128 heads at batch 3 and more 128.
 TEST(CudaBackend, SmallBatchStepMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto decode = accept_one;
-  for (Mode mode : kAllModes) check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 36, decode, false);
+  for (Mode mode : kAllModes) {
+    check_steps_against_cpu({8, 64, 128, 2}, 3, mode, 36, decode, false);
+    for (int B : {2, 3}) check_steps_against_cpu({128, 16, 64, 8}, B, mode, 20, decode, false);
+  }
+  for (int B : {1, 2, 3})
+    check_steps_against_cpu({128, 16, 128, 8}, B, Mode::separate_fp8, 40, decode, false,
+                            DType::bf16, 32);
   for (Mode mode : kCodeReadModes) {
     check_steps_against_cpu({4, 32, 256, 1}, 2, mode, 20, decode, false);
     check_steps_against_cpu({8, 64, 128, 2}, 1, mode, 40, decode, false, DType::bf16, 32);
   }
   check_steps_against_cpu({8, 16, 64, 2}, 4, Mode::shared_int8, 36, decode, false);
-  for (DType act : {DType::f16, DType::f32})
+  for (DType act : {DType::f16, DType::f32}) {
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 20, decode, false, act);
+    for (int B : {2, 3})
+      check_steps_against_cpu({128, 16, 64, 8}, B, Mode::separate_fp8, 20, decode, false, act);
+  }
   // Batches of 5 to 8 whose chained verify blocks would hold two heads (128 heads on a 132-SM
   // H200): the 16/32-bit modes take small_step_kernel there too.
   for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})

@@ -139,10 +139,15 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
                verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows, ring_mma(windows));
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
-        const auto kernel = small_step_kernel<kMode, ActT, kEntries>;
         const size_t smem = small_step_smem<ActT>(lc, p.L, p.H, p.P, p.G, p.N);
-        allow_dynamic_smem(kernel, smem);
-        launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kSmallStepThreads, smem, p);
+        auto run_step = [&]<int kThreads>() {
+          const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads>;
+          allow_dynamic_smem(kernel, smem);
+          launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kThreads, smem, p);
+        };
+        if (small_step_threads(p, lc.sm_count) == kSmallStepWideThreads)
+          return run_step.template operator()<kSmallStepWideThreads>();
+        run_step.template operator()<kSmallStepThreads>();
       } else if (p.tokens == 1) {
         if constexpr (has_direct_readout(kMode))
           if (direct(1)) return run_direct.template operator()<1>();
@@ -211,8 +216,9 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
                 small_verify_smem(L, N, P, L / 2, int(sizeof(ActT))));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
-      load_kernel(small_step_kernel<kMode, ActT, kEntries>,
-                  small_step_smem<ActT>(lc, L, G * max_heads, P, G, N));
+      for (const auto kernel : {small_step_kernel<kMode, ActT, kEntries, kSmallStepThreads>,
+                                small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads>})
+        load_kernel(kernel, small_step_smem<ActT>(lc, L, G * max_heads, P, G, N));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode));
       if constexpr (has_bf16_readout(kMode))

@@ -54,6 +54,12 @@ inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
          (p.heads_per_block == 1 || !has_direct_readout(mode));
 }
 
+// The block size of a step in one launch (small_step_kernel): 256 threads where its (entry,
+// head) blocks fit one wave at two blocks per SM, else 128.
+inline int small_step_threads(const ReplayParams& p, int sm_count) {
+  return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? 256 : 128;
+}
+
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and
 // whose heads fit two row groups of such a block (headdim <= 2 x 2 x 512 / (dstate / 8):
 // nemotron-h-8b, nemotron3-nano-4b and mamba2-2.7b at batch 1) run as validate_tokens and one

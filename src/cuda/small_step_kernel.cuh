@@ -37,13 +37,25 @@ namespace replayssm::cuda {
 // gives y. Every block checks its entry as validate_tokens would before it writes anything, and
 // where the entry must flush (c = L) folds its own head first (flush_head) and reads the new
 // checkpoint; the entry's last block then appends ring B (finish_verify).
+//
+// Two block sizes (kThreads, small_step_threads): 256 threads where the (entry, head) blocks fit
+// one wave at two blocks per SM (nemotron-h-8b at batch 1 and 2), else 128 at four. A thread of
+// the larger block takes half the rows, whose decode, readout and reduction are the longest chain
+// after the round trips, and folds half as many elements (H200, session 30: batch 1 -10 to -15%
+// in every mode; 512 threads at one block per SM gained less, 2-10%, and lost 4% for
+// mamba2-2.7b's separate-fp8).
 inline constexpr int kSmallStepThreads = 128;
-static_assert(kSmallStepThreads == kFlushThreads, "small_step_kernel runs flush_head");
+inline constexpr int kSmallStepWideThreads = 256;
 // Rows per thread, all of them in flight at once (nemotron-h-8b: the head's 64 rows in one group
-// of 8 rows x 8 passes); fp32 codes are 8 registers per row chunk.
-constexpr int small_step_rows(Mode mode) { return mode == Mode::fp32 ? 4 : 8; }
-// Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass, so
-// history 16 takes one batch).
+// of 8 rows x 8 passes, or 4 x 16 in the wide block); fp32 codes are 8 registers per row chunk.
+constexpr int small_step_rows(Mode mode, int threads) {
+  return threads == kSmallStepWideThreads || mode == Mode::fp32 ? 4 : 8;
+}
+constexpr int small_step_min_blocks(int threads) {
+  return threads == kSmallStepWideThreads ? 2 : 4;
+}
+// Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass at 128
+// threads, 16 at 256, so history 16 takes one batch).
 inline constexpr int kSmallStepDots = 2;
 
 // Shared memory besides the fold's (which it overlays: the fold is over before these are set).
@@ -72,11 +84,12 @@ struct Act8 {
   }
 };
 
-// Grid (H / G, G, batch) of kSmallStepThreads: block (x, g, b) is head g H / G + x of entry b.
+// Grid (H / G, G, batch) of kThreads: block (x, g, b) is head g H / G + x of entry b.
 // kEntries: ring entries per lane of a row (history <= kEntries N / 8).
-template <Mode kMode, typename ActT, int kEntries>
-__global__ void __launch_bounds__(kSmallStepThreads, 4) small_step_kernel(const ReplayParams p) {
-  constexpr int kRows = small_step_rows(kMode);
+template <Mode kMode, typename ActT, int kEntries, int kThreads>
+__global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
+    small_step_kernel(const ReplayParams p) {
+  constexpr int kRows = small_step_rows(kMode, kThreads);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
   const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
   HeadScalars head = HeadScalars::load(p.head, h);  // while the previous grid runs
