@@ -47,10 +47,11 @@ __device__ __forceinline__ float process_dt(float dt, float bias, float dt_min, 
   return delta;
 }
 
-// One head's scalars, for the kernels of small batches, which load them at their start, before
-// they wait for the previous grid: they are kernel parameters (no grid writes them), and an indexed
-// parameter misses the constant cache of an SM that runs no other block of the head, a round trip
-// that the step's chain would otherwise wait for where it first uses each of them.
+// One head's scalars, for the kernels of small batches, which load them at their start, with
+// their first round of loads: they are kernel parameters (no grid writes them, so
+// small_verify_kernel loads them before its wait for the previous grid), and an indexed parameter
+// misses the constant cache of an SM that runs no other block of the head, a round trip that the
+// step's chain would otherwise wait for where it first uses each of them.
 struct HeadScalars {
   float A, dt_bias, D, dt_min, dt_max;
   __device__ static HeadScalars load(const HeadParams& head, int h) {

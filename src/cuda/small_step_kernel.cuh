@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   constexpr int kRows = small_step_rows(kMode, kThreads);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
   const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
-  HeadScalars head = HeadScalars::load(p.head, h);  // while the previous grid runs
+  HeadScalars head = HeadScalars::load(p.head, h);  // issued with round trip 1
   // Launched dependent on the step before it; the next kernel's blocks may be scheduled at once
   // (they wait in wait_for_previous_grid for this grid to complete), which takes their launch
   // out of a small batch's step.
