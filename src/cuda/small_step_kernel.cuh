@@ -54,6 +54,15 @@ constexpr int small_step_rows(Mode mode, int threads) {
 constexpr int small_step_min_blocks(int threads) {
   return threads == kSmallStepWideThreads ? 2 : 4;
 }
+// Rows per thread of the fold (flush_head) where the entry flushes: 4 in the wide block of the
+// modes without stochastic rounding (nemotron-h-8b: the head's 64 rows in one group of 4 rows x 16
+// passes), else 2. H200, session 30, call 5, batch 1 / 2 with 4 rows in every mode: fp32 -3.9 /
+// -5.6%, bf16 -4.7 / -4.2%, shared-fp8 -1.7 / -3.5%, but fp16-sr +9.3 / +6.7%, separate-fp8
+// +7.1 / +4.2%, separate-nvfp4 +7.4 / +3.4% (not analysed further; flush_kernel keeps 2 rows for
+// fp16-sr and separate-nvfp4 too).
+constexpr int small_step_fold_rows(Mode mode, int threads) {
+  return threads == kSmallStepWideThreads && !uses_stochastic_rounding(mode) ? 4 : 2;
+}
 // Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass at 128
 // threads, 16 at 256, so history 16 takes one batch).
 inline constexpr int kSmallStepDots = 2;
@@ -182,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const bool folded = verify_needs_flush(cur, 1, L);  // c = L > 0
   int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
-    flush_head<kMode, ActT, 2>(p, slot, cur, h, smem);
+    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads)>(p, slot, cur, h, smem);
     __syncthreads();
     apply_flush(cur, L);
     load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
