@@ -352,21 +352,20 @@ template <typename ActT>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
                                            const FoldOperands<ActT>* held, const FoldSmem& f) {
+  // The held copies are the group's and the head's alone ([L, N], [L, P]); the slot's ring rows
+  // hold every group's B and every head's x.
+  const StageSegment<ActT> seg[2] = {
+      {f.B, held ? held->B : static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
+       held ? int64_t(p.N) : int64_t(p.G) * p.N, count, p.N, true, nullptr},
+      {f.x, held ? held->x : static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
+       held ? int64_t(p.P) : int64_t(p.H) * p.P, count, p.P, true, nullptr}};
+  stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
   if (held) {
-    const StageSegment<ActT> seg[2] = {{f.B, held->B, p.N, count, p.N, true, nullptr},
-                                       {f.x, held->x, p.P, count, p.P, true, nullptr}};
-    stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
     if (int(threadIdx.x) < p.L) {
       const int k = (int(threadIdx.x) - cur.origin) & (p.L - 1);
       if (k < count) f.w[k] = held->delta;
     }
   } else {
-    const StageSegment<ActT> seg[2] = {
-        {f.B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N, int64_t(p.G) * p.N, count,
-         p.N, true, nullptr},
-        {f.x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P, int64_t(p.H) * p.P, count,
-         p.P, true, nullptr}};
-    stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
     for (int k = threadIdx.x; k < count; k += blockDim.x)
       f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
   }

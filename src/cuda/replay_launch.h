@@ -57,7 +57,8 @@ inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
 // The block size of a step in one launch (small_step_kernel): 256 threads where its (entry,
 // head) blocks fit one wave at two blocks per SM, else 128.
 inline int small_step_threads(const ReplayParams& p, int sm_count) {
-  return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? 256 : 128;
+  return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? kSmallStepWideThreads
+                                                         : kSmallStepThreads;
 }
 
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and

@@ -247,6 +247,16 @@ __device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
       static_cast<const ActT*>(p.B) + (int64_t(b) * p.tokens * p.G + g0) * p.N, int64_t(p.G) * p.N);
 }
 
+// The entry's last block to finish a verify: the arrival counter made ready for the next verify,
+// then the cursors after this verify (and its commit, for a decode) from `cur` (after any flush).
+__device__ __forceinline__ void advance_cursors(const ReplayParams& p, int b, int slot,
+                                                SlotCursors cur) {
+  p.arrivals[b] = 0;
+  apply_verify(cur, p.tokens);
+  if (p.commit_window) apply_commit(cur, p.tokens);
+  p.cursors[slot] = cur;
+}
+
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
 // counter) advances the slot's cursors, so no block of the entry can still read the old ones
 // and no separate finalize launch is needed. In one launch (small_step_kernel,
@@ -277,10 +287,7 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   if (flush) apply_flush(cur, p.L);
   if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
   if (threadIdx.x != 0) return;
-  p.arrivals[b] = 0;  // ready for the next verify
-  apply_verify(cur, p.tokens);
-  if (p.commit_window) apply_commit(cur, p.tokens);
-  p.cursors[slot] = cur;
+  advance_cursors(p, b, slot, cur);
   if (flush) {
     atomicAdd(&p.stats->flushes, 1ull);
     atomicAdd(&p.stats->checkpoint_writes, 1ull);
@@ -311,11 +318,7 @@ __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int 
                                                      int blocks_per_entry, const SlotCursors& known,
                                                      int ticket) {
   if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
-  p.arrivals[b] = 0;  // ready for the next verify
-  SlotCursors cur = known;
-  apply_verify(cur, p.tokens);
-  if (p.commit_window) apply_commit(cur, p.tokens);
-  p.cursors[slot] = cur;
+  advance_cursors(p, b, slot, known);
 }
 
 }  // namespace replayssm::cuda
