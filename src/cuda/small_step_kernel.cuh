@@ -73,9 +73,31 @@ struct SmallStepSmem {
   float* dot;    // [L] B_k . C
   float* w;      // [L] w_k
   float* dec;    // [1] exp(A L_c)
-  static size_t bytes(int L) { return sizeof(float) * (3 * size_t(L) + 1); }
+  __host__ __device__ static size_t bytes(int L) { return sizeof(float) * (3 * size_t(L) + 1); }
   __device__ static SmallStepSmem carve(float* base, int L) {
     return {base, base + L, base + 2 * L, base + 3 * L};
+  }
+};
+
+// The head's ring x at every position, copied in 16-byte vectors (ring_x_stage): [L][P] with a
+// position stride of P + 16 bytes, so that the 16 positions a row's lanes read fall in different
+// banks but for pairs. A thread's ring term needs one row at several positions, 2-4 bytes from
+// rows H P elements apart: loaded from global memory one element at a time, each took a 32-byte
+// sector, 16 KB per block at nemotron-h-8b (its 2 KB of x and the entry's other inputs came to
+// about 50 KB per SM through the L2 in a step's two round trips).
+struct RingXStage {
+  // Elements between positions (act_size: bytes per activation).
+  __host__ __device__ static int stride(int P, int act_size) { return P + 16 / act_size; }
+  // Byte offset in the kernel's shared memory: after SmallStepSmem and the validation scan's
+  // copies, which are live beside it.
+  __host__ __device__ static size_t offset(int L, int H, int P, int G, int N, int act_size) {
+    const size_t scan = entry_scan_smem(1, H, P, G, N, act_size);
+    const size_t before = SmallStepSmem::bytes(L) > scan ? SmallStepSmem::bytes(L) : scan;
+    return (before + 15) / 16 * 16;
+  }
+  // small_step_kernel's shared memory besides the fold's.
+  __host__ __device__ static size_t end(int L, int H, int P, int G, int N, int act_size) {
+    return offset(L, H, P, G, N, act_size) + size_t(act_size) * L * stride(P, act_size);
   }
 };
 
@@ -119,21 +141,22 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const ActT* const B_in = static_cast<const ActT*>(p.B) + (int64_t(b) * G + g) * N;  // [N]
   constexpr int kVec = 16 / sizeof(ActT);
   const int x_vectors = P / kVec;
-  float cr[8];          // columns n0.. of C (then Cr)
+  Act8<ActT> c_window;  // columns n0.. of C, converted once the slot's loads are out
   Act8<ActT> b_window;  // and of the window's B
   float dt_window;
   uint4 x_vector;  // the window's x row of this head, in 16-byte vectors, for its ring append
   // Loaded again after a fold, so that none of it is live across the fold's registers.
   auto load_window = [&]() {
-    load8_act(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0, f16, cr);
+    c_window.load(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0);
     b_window.load(B_in + rm.n0);
     dt_window = p.dt[int64_t(b) * H + h];
     x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
                                             : make_uint4(0u, 0u, 0u, 0u);
   };
   // The validation scan's copies land in the fold's space: each thread tests its own before
-  // entry_valid's barrier, and nothing else is written there until after it. They go out
-  // before the window's loads, whose conversions hold the thread until those arrive.
+  // entry_valid's barrier, and nothing else is written there until after it. Nothing converts
+  // the window's loads before the slot's loads are out: a conversion would hold the thread
+  // until its operand arrives, behind the scan's copies.
   uint4* const scan_stage = reinterpret_cast<uint4*>(smem_raw);
   EntryScan<ActT>::stage(p, b, scan_stage);
   load_window();
@@ -153,14 +176,29 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   float ring_delta = 0.f;                 // delta_h at position threadIdx.x (< L)
   const int per_pass = rm.rows_per_pass;  // B rows (positions) per pass of the block
   const int first = int(threadIdx.x) / lanes;
-  // Ring x of the row group at `base` (positions past L load position 0: never used).
-  auto load_ring_x = [&](const SlotSections& s, int base) {
+  // The head's ring x at every position into RingXStage, 16 bytes per copy.
+  constexpr int kAct = sizeof(ActT);
+  ActT* const x_stage = reinterpret_cast<ActT*>(reinterpret_cast<char*>(smem_raw) +
+                                                RingXStage::offset(L, H, P, G, N, kAct));
+  const int x_stride = RingXStage::stride(P, kAct);
+  auto stage_ring_x = [&](const SlotSections& s) {
+    const ActT* const src = static_cast<const ActT*>(s.ring_x) + int64_t(h) * P;
+    for (int u = threadIdx.x; u < L * x_vectors; u += blockDim.x) {
+      const int pos = u / x_vectors, i = u - pos * x_vectors;
+      cp_async16(reinterpret_cast<uint4*>(x_stage + pos * x_stride) + i,
+                 reinterpret_cast<const uint4*>(src + int64_t(pos) * H * P) + i);
+    }
+    cp_async_commit();
+  };
+  // Ring x of the row group at `base` from the stage (positions past L read position 0: never
+  // used).
+  auto load_ring_x = [&](int base) {
 #pragma unroll
     for (int t = 0; t < kEntries; ++t) {
       const int pos = lane + t * lanes < L ? lane + t * lanes : 0;
-      const ActT* row = static_cast<const ActT*>(s.ring_x) + (int64_t(pos) * H + h) * P;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) ring_x[r][t] = row[min(rm.row(base, r), P - 1)];
+      for (int r = 0; r < kRows; ++r)
+        ring_x[r][t] = x_stage[pos * x_stride + min(rm.row(base, r), P - 1)];
     }
   };
   // Ring B of the positions k0 + first + q rows_per_pass.
@@ -175,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   {
     const SlotSections s = slot_sections(p.geo, slot);
     load_group<kMode>(s, rm, h, P, N, 0, false, raw, prow);
-    load_ring_x(s, 0);
+    stage_ring_x(s);
     load_ring_b(s, 0);
     if (int(threadIdx.x) < L) ring_delta = s.ring_delta[threadIdx.x * H + h];
   }
@@ -185,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   cp_async_wait<0>();
   const bool nonfinite = EntryScan<ActT>::nonfinite(p, scan_stage);
   if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
+  load_ring_x(0);  // the stage is complete (cp_async_wait) and visible (entry_valid's barrier)
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
   // itself (what is loaded above is loaded again or, the ring being empty after it, unused);
   // this block reads its writes after the barrier.
@@ -246,6 +285,8 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = delta_window;
   if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
 
+  float cr[8];  // columns n0.. of C (then Cr)
+  c_window.get(f16, cr);
   // B_k . C of the positions k0 + first + q rows_per_pass, kSmallStepDots at a time (the first
   // batch loaded above); the trip count is the block's (the shuffles need every lane of the warp).
   for (int k0 = 0; k0 < L; k0 += kSmallStepDots * per_pass) {
@@ -308,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     const int next = base + rm.rows_per_group;
     if (next < P) {
       load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
-      load_ring_x(sec, next);
+      load_ring_x(next);
       load_window_x(next);
     }
     const float y = row_sum_values<kRows>(part, lane, lanes);

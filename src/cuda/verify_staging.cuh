@@ -188,7 +188,7 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
 }
 
 // EntryScan's shared memory for an entry of `tokens` tokens: its 16-byte vectors, then [T H] dt.
-inline size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
+RSSM_HD size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
   const size_t act = size_t(tokens) * (size_t(H) * P + 2 * size_t(G) * N) * act_size;
   return act + (sizeof(float) * tokens * H + 15) / 16 * 16;
 }
