@@ -765,11 +765,42 @@ TEST(CudaBackend, DeviceErrorsSurfaceAtTheNextSynchronisingCall) {
   const SlotImage after = gpu.impl().read_slot(1);
   EXPECT_EQ(after.cursors.pending, 0);
   EXPECT_TRUE(before.bytes == after.bytes);
+  // NaN or Inf in one head's x or dt, or one group's C, at a decode step (W = 1, no fold):
+  // small_step_kernel's blocks test only their own inputs, and the entry's last block to arrive
+  // refuses the step. The cursors, the checkpoint and the committed entries stay (export zeroes the
+  // uncommitted ring positions, which the entry's other blocks may have written), and the next
+  // steps run.
+  for (int refusal = 0; refusal < 4; ++refusal) {
+    const std::vector<uint8_t> exported = gpu.export_slot(1);
+    const SlotCursors cursors = gpu.cursors(1);
+    Tokens nan1 = random_tokens(shape, act, 1, 1, rng);
+    const int head = refusal % shape.nheads;
+    if (refusal == 2)
+      nan1.dt[head] = INFINITY;
+    else if (refusal == 3)
+      store_act(nan1.C.data(), act, shape.dstate + 5, NAN);  // group 1's C
+    else
+      store_act(nan1.x.data(), act, head * shape.headdim + refusal, NAN);
+    DeviceTokens dnan1(shape, nan1);
+    gpu.decode(dview(done.ptr, DType::i32, {1}), dnan1.vx(shape, act), dnan1.vB(shape, act),
+               dnan1.vC(shape, act), dnan1.vdt(shape), dnan1.vy(shape));
+    EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error) << "refusal " << refusal;
+    EXPECT_NO_THROW(cuda_backend_synchronize(gpu.impl()));  // reported once
+    const SlotCursors now = gpu.cursors(1);
+    EXPECT_EQ(now.committed, cursors.committed);
+    EXPECT_EQ(now.pending, 0);
+    EXPECT_TRUE(gpu.export_slot(1) == exported) << "refusal " << refusal;
+    Tokens ok = random_tokens(shape, act, 1, 1, rng);  // then a step that commits
+    DeviceTokens dok(shape, ok);
+    gpu.decode(dview(done.ptr, DType::i32, {1}), dok.vx(shape, act), dok.vB(shape, act),
+               dok.vC(shape, act), dok.vdt(shape), dok.vy(shape));
+    EXPECT_EQ(gpu.cursors(1).committed, cursors.committed + 1);
+  }
   // NaN input at a step that must flush first (a full ring): refused before the fold, so the
   // checkpoint and the ring keep their bytes. W = 1 at batch 1 is one launch of
   // small_step_kernel, which validates and folds itself; W = 2 runs validate_tokens and
   // small_verify_kernel, whose blocks fold only after validate_tokens' verdict.
-  for (int t = 0; t < cfg.history; ++t) {
+  for (int t = gpu.cursors(1).committed; t < cfg.history; ++t) {
     Tokens tok = random_tokens(shape, act, 1, 1, rng);
     DeviceTokens dtok(shape, tok);
     gpu.decode(dview(done.ptr, DType::i32, {1}), dtok.vx(shape, act), dtok.vB(shape, act),

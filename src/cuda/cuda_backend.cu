@@ -149,12 +149,10 @@ class CudaBackend final : public CacheBackend {
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    // small_step_kernel copies a whole entry's inputs (one token) for its validation scan, and
-    // its head's ring x.
-    const size_t smem_scan =
-        cuda::RingXStage::end(config.history, shape.nheads, shape.headdim, shape.ngroups, N,
-                              int(dtype_size(config.activation_dtype)));
-    const size_t smem = std::max({smem_fold_, smem_verify_, smem_scan});
+    // small_step_kernel copies its head's ring x.
+    const size_t smem_step = cuda::RingXStage::end(config.history, shape.headdim,
+                                                   int(dtype_size(config.activation_dtype)));
+    const size_t smem = std::max({smem_fold_, smem_verify_, smem_step});
     check(smem <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
           ", headdim ", shape.headdim, " and ", shape.nheads, " heads need ", smem,
           " bytes of shared memory per block; this device allows ", smem_limit);

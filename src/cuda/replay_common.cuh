@@ -153,8 +153,8 @@ struct EntryInputs {
 
 // Whether this thread's share of batch entry b's inputs (x, B, C and dt of every token) holds a
 // NaN or Inf: the 16-byte vectors first, first + stride, ..., then the dt values likewise
-// (validate_tokens_kernel, whose threads scan a vector or two; a one-launch step scans its whole
-// entry by EntryScan).
+// (validate_tokens_kernel, whose threads scan a vector or two; small_step_kernel's blocks where
+// the entry folds).
 template <typename ActT>
 __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b, int64_t first,
                                                     int64_t stride) {
@@ -167,21 +167,15 @@ __device__ __forceinline__ bool entry_has_nonfinite(const ReplayParams& p, int b
   return bad;
 }
 
-// The checks of validate_tokens_kernel made by a block of a one-launch step for its own entry:
-// open, nothing pending (`cur`: the slot's cursors), finite inputs (`nonfinite`: this thread's
-// EntryScan, which the caller issues before it waits for the slot, as validate_tokens_kernel
-// issues its scan). Every block of the entry reaches the same answer; the one with
-// `report` raises the error. Uniform over the block.
-__device__ __forceinline__ bool entry_valid(const ReplayParams& p, int slot, const SlotCursors& cur,
-                                            bool nonfinite, bool report) {
-  if (!cur.live || cur.pending != 0) {
-    if (report && threadIdx.x == 0)
-      raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
-    return false;
-  }
-  const bool bad = __syncthreads_or(nonfinite);
-  if (bad && report && threadIdx.x == 0) raise_error(p.error, kErrNonFiniteInput, slot, 0);
-  return !bad;
+// The slot checks of validate_tokens_kernel made by a block of a one-launch step for its own
+// entry: open, nothing pending (`cur`: the slot's cursors, as every block of the entry reads
+// them). The block with `report` raises the error. Uniform over the block.
+__device__ __forceinline__ bool slot_takes_step(const ReplayParams& p, int slot,
+                                                const SlotCursors& cur, bool report) {
+  if (cur.live && cur.pending == 0) return true;
+  if (report && threadIdx.x == 0)
+    raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
+  return false;
 }
 
 // Shared memory of verify_kernel (one per (slot, group) block), carved from one dynamic buffer;

@@ -86,11 +86,11 @@ inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) 
   return small_verify_staging_offset(L, N, P) + SmallVerifySmem::bytes(L, N, P, windows, act_size);
 }
 
-// small_step_kernel's shared memory: the most of the fold's and its own (SmallStepSmem, the
-// validation scan's copy of the entry's inputs, the ring's x: RingXStage), which overlay it.
+// small_step_kernel's shared memory: the most of the fold's and its own (SmallStepSmem and the
+// ring's x, RingXStage), which overlay it.
 template <typename ActT>
 size_t small_step_smem(const LaunchConfig& lc, int L, int H, int P, int G, int N) {
-  return std::max(lc.smem_fold, RingXStage::end(L, H, P, G, N, int(sizeof(ActT))));
+  return std::max(lc.smem_fold, RingXStage::end(L, P, int(sizeof(ActT))));
 }
 
 // One block per (entry, group, chunk of p.heads_per_block heads, verify_heads_per_block),

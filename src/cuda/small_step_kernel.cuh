@@ -14,16 +14,23 @@ namespace replayssm::cuda {
 // (600-800 cycles each on the H200) and barriers. So the block issues everything as soon as its
 // address is known:
 //
-//   round trip 1  slot id; this head's C, B, dt, x; the entry's inputs for the validation scan,
-//                 copied into shared memory by cp.async (EntryScan), which the slot's loads need
-//                 not wait for
+//   round trip 1  slot id; this head's C, B, dt, x (nothing converted or tested yet, so the
+//                 thread goes on as soon as the slot id is in)
 //   round trip 2  the slot's cursors; the head's read-checkpoint rows (RowMap, into registers);
-//                 B, x and delta at every ring position (the cursors then say which positions
-//                 hold committed entries and in which order: loading the L positions instead of
-//                 the c entries takes a round trip out of the step)
-//   then          the scan's verdict; without a fold the block's arrival (early_arrival), its
-//                 round trip beside the rest; B_k . C, the weights, the readout, y; the last
-//                 block to arrive advances the cursors (after a fold: finish_verify)
+//                 B and delta at every ring position, x into shared memory (RingXStage) (the
+//                 cursors then say which positions hold committed entries and in which order:
+//                 loading the L positions instead of the c entries takes a round trip out of
+//                 the step)
+//   then          the block's own inputs tested; without a fold the block's arrival
+//                 (early_arrival, carrying its verdict), its round trip beside the rest;
+//                 B_k . C, the weights, the readout, y; the last block to arrive advances the
+//                 cursors or, if any block of the entry found a NaN or Inf, refuses the step
+//                 (after a fold: finish_verify)
+//
+// Every byte a block brings through the L2 counts at batch 1, where the blocks' two round trips
+// are most of a step (H200, session 31: the ring's x was 16 KB of 32-byte sectors per block, and
+// each block copied the whole entry's inputs, 20 KB, for a validation scan: 36 of the block's
+// 50 KB, counted from the access pattern).
 //
 // (H200, session 27, bench/results/2026-12-02-h200-session27.md: batch 1 separate-fp8 9.7 us in
 // verify_kernel's former one-launch variant, 8.5 with the ring a third round trip, 7.2 since;
@@ -34,9 +41,10 @@ namespace replayssm::cuda {
 //   w_k  = delta_k exp(A (L_c - L_k)) (B_k . C)  (+ D for k = c)
 // (Cr = C rounded to bf16 in the 8/4-bit read modes, SPEC 5). A lane of a row holds 8 columns of
 // R and Cr and the entries k = lane_in_row + t N/8 of the ring term, so one reduction per row
-// gives y. Every block checks its entry as validate_tokens would before it writes anything, and
-// where the entry must flush (c = L) folds its own head first (flush_head) and reads the new
-// checkpoint; the entry's last block then appends ring B (finish_verify).
+// gives y. Every block checks its slot as validate_tokens would and its own inputs before it
+// writes anything; where the entry must flush (c = L) it checks the whole entry, folds its own
+// head (flush_head) and reads the new checkpoint, and the entry's last block then appends ring B
+// (finish_verify).
 //
 // Two block sizes (kThreads, small_step_threads): 256 threads where the (entry, head) blocks fit
 // one wave at two blocks per SM (nemotron-h-8b at batch 1 and 2), else 128 at four. A thread of
@@ -88,16 +96,13 @@ struct SmallStepSmem {
 struct RingXStage {
   // Elements between positions (act_size: bytes per activation).
   __host__ __device__ static int stride(int P, int act_size) { return P + 16 / act_size; }
-  // Byte offset in the kernel's shared memory: after SmallStepSmem and the validation scan's
-  // copies, which are live beside it.
-  __host__ __device__ static size_t offset(int L, int H, int P, int G, int N, int act_size) {
-    const size_t scan = entry_scan_smem(1, H, P, G, N, act_size);
-    const size_t before = SmallStepSmem::bytes(L) > scan ? SmallStepSmem::bytes(L) : scan;
-    return (before + 15) / 16 * 16;
+  // Byte offset in the kernel's shared memory: after SmallStepSmem, which is live beside it.
+  __host__ __device__ static size_t offset(int L) {
+    return (SmallStepSmem::bytes(L) + 15) / 16 * 16;
   }
   // small_step_kernel's shared memory besides the fold's.
-  __host__ __device__ static size_t end(int L, int H, int P, int G, int N, int act_size) {
-    return offset(L, H, P, G, N, act_size) + size_t(act_size) * L * stride(P, act_size);
+  __host__ __device__ static size_t end(int L, int P, int act_size) {
+    return offset(L) + size_t(act_size) * L * stride(P, act_size);
   }
 };
 
@@ -112,6 +117,12 @@ struct Act8 {
   }
   __device__ void get(bool f16, float (&out)[8]) const {
     load8_act(reinterpret_cast<const ActT*>(raw), f16, out);
+  }
+  __device__ bool nonfinite(bool f16) const {
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) bad |= nonfinite16<ActT>(raw[i], f16);
+    return bad;
   }
 };
 
@@ -153,17 +164,10 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
                                             : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The validation scan's copies land in the fold's space: each thread tests its own before
-  // entry_valid's barrier, and nothing else is written there until after it. Nothing converts
-  // the window's loads before the slot's loads are out: a conversion would hold the thread
-  // until its operand arrives, behind the scan's copies.
-  uint4* const scan_stage = reinterpret_cast<uint4*>(smem_raw);
-  EntryScan<ActT>::stage(p, b, scan_stage);
+  // Nothing converts or tests the window's loads before the slot's loads are out: that would
+  // hold the thread until they arrive.
   load_window();
-  if (slot < 0) {  // padding
-    cp_async_wait<0>();
-    return;
-  }
+  if (slot < 0) return;  // padding
 
   // ---- round trip 2: everything at the slot's addresses: the cursors, this head's read
   // checkpoint rows and every ring position (which of them hold committed entries, and in which
@@ -178,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const int first = int(threadIdx.x) / lanes;
   // The head's ring x at every position into RingXStage, 16 bytes per copy.
   constexpr int kAct = sizeof(ActT);
-  ActT* const x_stage = reinterpret_cast<ActT*>(reinterpret_cast<char*>(smem_raw) +
-                                                RingXStage::offset(L, H, P, G, N, kAct));
+  ActT* const x_stage =
+      reinterpret_cast<ActT*>(reinterpret_cast<char*>(smem_raw) + RingXStage::offset(L));
   const int x_stride = RingXStage::stride(P, kAct);
   auto stage_ring_x = [&](const SlotSections& s) {
     const ActT* const src = static_cast<const ActT*>(s.ring_x) + int64_t(h) * P;
@@ -220,14 +224,31 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   SlotCursors cur = p.cursors[slot];
   const SlotCursors before = cur;              // what finish_verify would load again
   float delta_window = head.delta(dt_window);  // while round trip 2 is out
-  cp_async_wait<0>();
-  const bool nonfinite = EntryScan<ActT>::nonfinite(p, scan_stage);
-  if (!entry_valid(p, slot, cur, nonfinite, blockIdx.x == 0 && g == 0)) return;  // uniform
-  load_ring_x(0);  // the stage is complete (cp_async_wait) and visible (entry_valid's barrier)
+  // The validation (validate_tokens' checks). The step's inputs this block reads, and writes into
+  // the ring, are its head's x and dt and its group's B and C, all in its registers: each block
+  // tests its own, and the entry's last block to arrive holds the verdict (finish_early_arrival),
+  // since only the cursors it writes commit the step. A refused entry's blocks may have written
+  // ring position c, which holds no committed entry (and y). A fold, which rewrites the
+  // checkpoint, waits for the whole entry's verdict instead: each of its blocks scans the whole
+  // entry after the cursors have said that it folds.
+  bool refused = !isfinite(dt_window) || c_window.nonfinite(f16) || b_window.nonfinite(f16);
+  for (int u = threadIdx.x; u < x_vectors; u += blockDim.x)
+    refused |= nonfinite16<ActT>(
+        u < int(blockDim.x) ? x_vector : reinterpret_cast<const uint4*>(x_in)[u], f16);
+  const bool report = blockIdx.x == 0 && g == 0;
+  if (!slot_takes_step(p, slot, cur, report)) return;  // uniform
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
   // itself (what is loaded above is loaded again or, the ring being empty after it, unused);
   // this block reads its writes after the barrier.
   const bool folded = verify_needs_flush(cur, 1, L);  // c = L > 0
+  if (folded) refused |= entry_has_nonfinite<ActT>(p, b, threadIdx.x, blockDim.x);
+  cp_async_wait<0>();
+  refused = __syncthreads_or(refused);  // also: the ring x stage visible to every thread
+  if (folded && refused) {
+    if (report && threadIdx.x == 0) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+    return;
+  }
+  load_ring_x(0);
   int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
     flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads)>(p, slot, cur, h, smem);
@@ -244,8 +265,9 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
 #pragma unroll
     for (int q = 0; q < kSmallStepDots; ++q) ring_b[q] = Act8<ActT>{};
   } else {
-    // Every thread holds the cursors (entry_valid's barrier): the arrival goes now.
-    ticket = early_arrival(p, b);
+    // Every thread holds the cursors (the barrier above): the arrival goes now.
+    ticket = early_arrival(p, b, refused);
+    if (refused) return finish_early_arrival(p, b, slot, H, before, ticket, true);
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   const int c = cur.committed, m = c + 1;

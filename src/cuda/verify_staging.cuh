@@ -187,41 +187,6 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
   cp_async_commit();
 }
 
-// EntryScan's shared memory for an entry of `tokens` tokens: its 16-byte vectors, then [T H] dt.
-RSSM_HD size_t entry_scan_smem(int tokens, int H, int P, int G, int N, int act_size) {
-  const size_t act = size_t(tokens) * (size_t(H) * P + 2 * size_t(G) * N) * act_size;
-  return act + (sizeof(float) * tokens * H + 15) / 16 * 16;
-}
-
-// A one-launch step's scan of its whole entry's inputs for NaN / Inf (small_step_kernel: every
-// block scans its entry, 20 KB at nemotron-h-8b's W = 1), in two halves so that the slot's loads
-// go out while the inputs are in flight and no register holds them: stage() copies the entry's
-// vectors and dt values into shared memory by cp.async (thread t: u = t, t + blockDim.x, ...),
-// nonfinite() tests the thread's own copies once the caller's cp_async_wait has returned. Both
-// form the entry's addresses from p, so nothing is live between them.
-template <typename ActT>
-struct EntryScan {
-  __device__ static void stage(const ReplayParams& p, int b, uint4* smem) {
-    const EntryInputs<ActT> in(p, b);
-    for (int64_t u = threadIdx.x; u < in.vectors; u += blockDim.x)
-      cp_async16(smem + u, in.vector(u));
-    float* const dt = reinterpret_cast<float*>(smem + in.vectors);
-    for (int64_t i = threadIdx.x; i < in.dts; i += blockDim.x) cp_async4(dt + i, in.dt + i);
-    cp_async_commit();
-  }
-  __device__ static bool nonfinite(const ReplayParams& p, const uint4* smem) {
-    const int64_t vectors = int64_t(p.tokens) * (int64_t(p.H) * p.P + 2 * int64_t(p.G) * p.N) *
-                            int64_t(sizeof(ActT)) / 16;
-    const int64_t dts = int64_t(p.tokens) * p.H;
-    bool bad = false;
-    for (int64_t u = threadIdx.x; u < vectors; u += blockDim.x)
-      bad |= nonfinite16<ActT>(smem[u], p.act_f16);
-    const float* const dt = reinterpret_cast<const float*>(smem + vectors);
-    for (int64_t i = threadIdx.x; i < dts; i += blockDim.x) bad |= !isfinite(dt[i]);
-    return bad;
-  }
-};
-
 // The window's B of groups g0 .. g0 + groups - 1 into the ring at logical positions c.. of
 // `after` (the cursors after any flush of this step), in 16-byte vectors, from `src` (the window's
 // first row there: token j's groups start at src + j * src_stride).
@@ -306,18 +271,29 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // a read that saw the write would be a self-satisfying cycle of dependencies, which the PTX memory
 // model's no-thin-air axiom excludes. A release (fence and atomic) would hold thread 0 at once for
 // the fence; an acq_rel one did (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
-__device__ __forceinline__ int early_arrival(const ReplayParams& p, int b) {
+// `refused` (small_step_kernel): this block found a NaN or Inf in its share of the entry's inputs;
+// the arrival then adds kArrivalRefused as well, so that the last block sees it.
+inline constexpr int32_t kArrivalRefused = 1 << 16;  // above any entry's block count (H < 2^15)
+static_assert(kMaxHeads < kArrivalRefused &&
+              int64_t(kMaxHeads) * (1 + kArrivalRefused) < (1ll << 31));
+__device__ __forceinline__ int early_arrival(const ReplayParams& p, int b, bool refused = false) {
   if (threadIdx.x != 0) return 0;
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
-  return arrivals.fetch_add(1, ::cuda::memory_order_relaxed);
+  return arrivals.fetch_add(refused ? 1 + kArrivalRefused : 1, ::cuda::memory_order_relaxed);
 }
 
 // The end of such a block: the last to arrive advances the cursors (`known`: as every block read
-// them; no flush in this step).
+// them; no flush in this step), or, where a block of the entry (`refused`: this one) found its
+// inputs not finite, leaves them as they were and raises the error, once per entry.
 __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int b, int slot,
                                                      int blocks_per_entry, const SlotCursors& known,
-                                                     int ticket) {
-  if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
+                                                     int ticket, bool refused = false) {
+  if (threadIdx.x != 0 || ticket % kArrivalRefused != blocks_per_entry - 1) return;
+  if (refused || ticket >= kArrivalRefused) {
+    p.arrivals[b] = 0;
+    raise_error(p.error, kErrNonFiniteInput, slot, 0);
+    return;
+  }
   advance_cursors(p, b, slot, known);
 }
 
