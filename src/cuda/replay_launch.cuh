@@ -89,7 +89,7 @@ inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) 
 // small_step_kernel's shared memory: the most of the fold's and its own (SmallStepSmem and the
 // ring's x, RingXStage), which overlay it.
 template <typename ActT>
-size_t small_step_smem(const LaunchConfig& lc, int L, int H, int P, int G, int N) {
+size_t small_step_smem(const LaunchConfig& lc, int L, int P) {
   return std::max(lc.smem_fold, RingXStage::end(L, P, int(sizeof(ActT))));
 }
 
@@ -138,7 +138,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
                verify_direct_fits(p.L, p.N, p.P, p.heads_per_block, windows, ring_mma(windows));
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
-        const size_t smem = small_step_smem<ActT>(lc, p.L, p.H, p.P, p.G, p.N);
+        const size_t smem = small_step_smem<ActT>(lc, p.L, p.P);
         auto run_step = [&]<int kThreads>() {
           const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads>;
           allow_dynamic_smem(kernel, smem);
@@ -217,7 +217,7 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       using V = VerifyVariant;
       for (const auto kernel : {small_step_kernel<kMode, ActT, kEntries, kSmallStepThreads>,
                                 small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads>})
-        load_kernel(kernel, small_step_smem<ActT>(lc, L, G * max_heads, P, G, N));
+        load_kernel(kernel, small_step_smem<ActT>(lc, L, P));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode));
       if constexpr (has_bf16_readout(kMode))
