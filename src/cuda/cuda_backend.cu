@@ -159,8 +159,7 @@ class CudaBackend final : public CacheBackend {
     ensure_flush_list(config.num_slots);
     const cuda::LaunchConfig lc = launch_config();
     cuda::with_mode(config.mode, [&]<Mode kMode>() {
-      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, shape.headdim, shape.ngroups,
-                                          group_heads);
+      cuda::ModeLaunchers<kMode>::prepare(lc, config.history, N, shape.headdim, group_heads);
     });
     // The slot kernels, shared by the modes.
     cuda::load_kernel(cuda::commit_kernel);

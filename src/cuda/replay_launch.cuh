@@ -194,8 +194,7 @@ void load_kernel(Kernel kernel, size_t smem) {
 }
 
 template <Mode kMode>
-void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, int G,
-                                   int max_heads) {
+void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, int max_heads) {
   with_act(lc, [&]<typename ActT>() {
     load_kernel(prefill_kernel<kMode, ActT>, lc.smem_fold);
     load_kernel(dense_kernel<kMode, ActT>, lc.smem_fold);

@@ -118,8 +118,8 @@ struct ModeLaunchers {
   // Once, when the cache is created: loads every kernel the mode can launch (CUDA loads modules
   // lazily, at a kernel's first launch, which would otherwise land in the first steps), sets their
   // shared-memory limits and sizes the flush grid, so the first step costs what the others do.
-  // G groups; max_heads: the most heads one verify block serves (the heads of a group).
-  static void prepare(const LaunchConfig& lc, int L, int N, int P, int G, int max_heads);
+  // max_heads: the most heads one verify block serves (the heads of a group).
+  static void prepare(const LaunchConfig& lc, int L, int N, int P, int max_heads);
 };
 
 extern template struct ModeLaunchers<Mode::fp32>;
