@@ -507,6 +507,14 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
     for (int B : {2, 3})
       check_steps_against_cpu({128, 16, 64, 8}, B, Mode::separate_fp8, 20, decode, false, act);
   }
+  // Few heads of many rows, each split over several blocks (small_step_split_log2): 4 heads of
+  // 128 rows at dstate 256 over 4 blocks each (falcon-h1-7b's head), at dstate 128 over 2; the
+  // folds then take row chunks and the entry's last block appends x and delta.
+  for (Mode mode : kAllModes) check_steps_against_cpu({4, 128, 256, 1}, 1, mode, 36, decode, false);
+  for (Mode mode : kCodeReadModes) {
+    check_steps_against_cpu({4, 128, 256, 2}, 3, mode, 20, decode, false);
+    check_steps_against_cpu({4, 128, 128, 2}, 2, mode, 20, decode, false, DType::f32);
+  }
   // Batches of 5 to 8 whose chained verify blocks would hold two heads (128 heads on a 132-SM
   // H200): the 16/32-bit modes take small_step_kernel there too.
   for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})

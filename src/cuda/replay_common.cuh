@@ -91,6 +91,8 @@ struct ReplayParams {
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
   ValidatedEntry* entries;
   int heads_per_block;  // verify_kernel: heads of one group per block
+  // small_step_kernel: each head's rows split over 2^this blocks (small_step_split_log2)
+  int step_split_log2 = 0;
   // verify: small_verify_kernel serves the step (verify_small_window); validate_tokens then lets
   // it start at once (its own dependent launch: allow_dependent_launch at the top)
   bool small_window = false;

@@ -142,7 +142,10 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         auto run_step = [&]<int kThreads>() {
           const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads>;
           allow_dynamic_smem(kernel, smem);
-          launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kThreads, smem, p);
+          ReplayParams q = p;
+          q.step_split_log2 = small_step_split_log2(p, lc.sm_count, kMode);
+          launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch), kThreads, smem,
+                 q);
         };
         if (small_step_threads(p, lc.sm_count) == kSmallStepWideThreads)
           return run_step.template operator()<kSmallStepWideThreads>();

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/replay_kernels.cuh"
 
 namespace replayssm::cuda {
@@ -59,6 +61,25 @@ inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
 inline int small_step_threads(const ReplayParams& p, int sm_count) {
   return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? kSmallStepWideThreads
                                                          : kSmallStepThreads;
+}
+
+// A step in one launch with few heads of many rows (falcon-h1-7b: 24 heads of 128 rows, four
+// row groups of the 256-thread block at dstate 256) splits each head's rows over 2, 4 or 8
+// blocks (the log2 of which this returns; 0: one block per head): each block then reads and
+// walks a quarter of the rows in one round, where one block per head left 108 of 132 SMs idle
+// and took its row groups one after another. Splits while the blocks still fit one wave at two
+// per SM and each block's rows stay whole row groups of both the readout and the fold (the fold
+// of a split head takes its row chunks, flush_head's kChunked form).
+inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode) {
+  if (small_step_threads(p, sm_count) != kSmallStepWideThreads) return 0;
+  const int per_pass = kSmallStepWideThreads / p.lanes_per_row;
+  const int group = per_pass * std::max(small_step_rows(mode, kSmallStepWideThreads),
+                                        small_step_fold_rows(mode, kSmallStepWideThreads));
+  int s = 0;
+  while (s < 3 && (int64_t(p.batch) * p.H << (s + 1)) <= 2 * int64_t(sm_count) &&
+         p.P % (group << (s + 1)) == 0)
+    ++s;
+  return s;
 }
 
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and

@@ -133,7 +133,11 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     small_step_kernel(const ReplayParams p) {
   constexpr int kRows = small_step_rows(kMode, kThreads);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
-  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  // Block x of group g: head g H / G + x / splits, rows [p0, p1) (p.step_split_log2).
+  const int split_log2 = p.step_split_log2, split = blockIdx.x & ((1 << split_log2) - 1);
+  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + (blockIdx.x >> split_log2);
+  const int p0 = split * (P >> split_log2), p1 = p0 + (P >> split_log2);
+  const int blocks_per_entry = H << split_log2;
   HeadScalars head = HeadScalars::load(p.head, h);  // issued with round trip 1
   // Launched dependent on the step before it; the next kernel's blocks may be scheduled at once
   // (they wait in wait_for_previous_grid for this grid to complete), which takes their launch
@@ -151,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const ActT* const x_in = static_cast<const ActT*>(p.x) + (int64_t(b) * H + h) * P;  // [P]
   const ActT* const B_in = static_cast<const ActT*>(p.B) + (int64_t(b) * G + g) * N;  // [N]
   constexpr int kVec = 16 / sizeof(ActT);
-  const int x_vectors = P / kVec;
+  const int x_vectors = (p1 - p0) / kVec;  // of this block's rows
   Act8<ActT> c_window;  // columns n0.. of C, converted once the slot's loads are out
   Act8<ActT> b_window;  // and of the window's B
   float dt_window;
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     c_window.load(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0);
     b_window.load(B_in + rm.n0);
     dt_window = p.dt[int64_t(b) * H + h];
-    x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in)[threadIdx.x]
+    x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in + p0)[threadIdx.x]
                                             : make_uint4(0u, 0u, 0u, 0u);
   };
   // Nothing converts or tests the window's loads before the slot's loads are out: that would
@@ -186,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
       reinterpret_cast<ActT*>(reinterpret_cast<char*>(smem_raw) + RingXStage::offset(L));
   const int x_stride = RingXStage::stride(P, kAct);
   auto stage_ring_x = [&](const SlotSections& s) {
-    const ActT* const src = static_cast<const ActT*>(s.ring_x) + int64_t(h) * P;
+    const ActT* const src = static_cast<const ActT*>(s.ring_x) + int64_t(h) * P + p0;
     for (int u = threadIdx.x; u < L * x_vectors; u += blockDim.x) {
       const int pos = u / x_vectors, i = u - pos * x_vectors;
       cp_async16(reinterpret_cast<uint4*>(x_stage + pos * x_stride) + i,
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
       const int pos = lane + t * lanes < L ? lane + t * lanes : 0;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        ring_x[r][t] = x_stage[pos * x_stride + min(rm.row(base, r), P - 1)];
+        ring_x[r][t] = x_stage[pos * x_stride + min(rm.row(base, r), P - 1) - p0];
     }
   };
   // Ring B of the positions k0 + first + q rows_per_pass.
@@ -216,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   };
   {
     const SlotSections s = slot_sections(p.geo, slot);
-    load_group<kMode>(s, rm, h, P, N, 0, false, raw, prow);
+    load_group<kMode>(s, rm, h, P, N, p0, false, raw, prow);
     stage_ring_x(s);
     load_ring_b(s, 0);
     if (int(threadIdx.x) < L) ring_delta = s.ring_delta[threadIdx.x * H + h];
@@ -234,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   bool refused = !isfinite(dt_window) || c_window.nonfinite(f16) || b_window.nonfinite(f16);
   for (int u = threadIdx.x; u < x_vectors; u += blockDim.x)
     refused |= nonfinite16<ActT>(
-        u < int(blockDim.x) ? x_vector : reinterpret_cast<const uint4*>(x_in)[u], f16);
+        u < int(blockDim.x) ? x_vector : reinterpret_cast<const uint4*>(x_in + p0)[u], f16);
   const bool report = blockIdx.x == 0 && g == 0;
   if (!slot_takes_step(p, slot, cur, report)) return;  // uniform
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
@@ -248,13 +252,15 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     if (report && threadIdx.x == 0) raise_error(p.error, kErrNonFiniteInput, slot, 0);
     return;
   }
-  load_ring_x(0);
+  load_ring_x(p0);
   int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
-    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads)>(p, slot, cur, h, smem);
+    // Rows [p0, p1): whole row groups of the fold's RowMap (small_step_split_log2).
+    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads), false, true>(
+        p, slot, cur, h, smem, -1, split, 1 << split_log2);
     __syncthreads();
     apply_flush(cur, L);
-    load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, 0, false, raw, prow);
+    load_group<kMode>(slot_sections(p.geo, slot), rm, h, P, N, p0, false, raw, prow);
     load_window();
     head = HeadScalars::load(p.head, h);  // not held across the fold's registers
     delta_window = head.delta(dt_window);
@@ -267,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   } else {
     // Every thread holds the cursors (the barrier above): the arrival goes now.
     ticket = early_arrival(p, b, refused);
-    if (refused) return finish_early_arrival(p, b, slot, H, before, ticket, true);
+    if (refused) return finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket, true);
   }
   const SlotSections sec = slot_sections(p.geo, slot);
   const int c = cur.committed, m = c + 1;
@@ -283,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
 #pragma unroll
     for (int r = 0; r < kRows; ++r) xw[r] = act_f32(x_in[min(rm.row(base, r), P - 1)], f16);
   };
-  load_window_x(0);
+  load_window_x(p0);
   int lane_k[kEntries];  // logical entry of the lane's position t, L where none (w = 0)
 #pragma unroll
   for (int t = 0; t < kEntries; ++t) {
@@ -294,17 +300,19 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     return lane_k[t] < c ? act_f32(ring_x[r][t], f16) : lane_k[t] == c ? xw[r] : 0.f;
   };
   // The window into the ring at logical c (read by no block of this step; after a fold in this
-  // kernel the position held entry 0, which only this head's fold read). Ring B by the group's
-  // first block, or after a fold by the entry's last block (finish_verify: the other blocks of
-  // the group fold entry 0's B until they finish).
+  // kernel the position held entry 0, which only this head's fold read where the head is one
+  // block). Ring B by the group's first block, or after a fold by the entry's last block
+  // (finish_verify: the other blocks of the group fold entry 0's B until they finish); so too x
+  // and delta after a fold where a head's rows are split over several blocks.
+  const bool append_x = !folded || split_log2 == 0;
   const int phys = ring_index(cur, c, L);
-  for (int u = threadIdx.x; u < x_vectors; u += blockDim.x) {
+  for (int u = threadIdx.x; append_x && u < x_vectors; u += blockDim.x) {
     if (u >= int(blockDim.x))  // x rows longer than a vector per thread (P > 128 / kVec x 8)
-      x_vector = reinterpret_cast<const uint4*>(x_in)[u];
-    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P)[u] =
+      x_vector = reinterpret_cast<const uint4*>(x_in + p0)[u];
+    reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P + p0)[u] =
         x_vector;
   }
-  if (threadIdx.x == 0) sec.ring_delta[phys * H + h] = delta_window;
+  if (append_x && threadIdx.x == 0 && split == 0) sec.ring_delta[phys * H + h] = delta_window;
   if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
 
   float cr[8];  // columns n0.. of C (then Cr)
@@ -354,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   // ---- the readout, one row group at a time (nemotron-h-8b: one), the next one's loads ahead
   const int per_value = lanes / kRows;  // lanes holding each row's sum after row_sum_values
   const int64_t y0 = (int64_t(b) * H + h) * P;
-  for (int base = 0; base < P; base += rm.rows_per_group) {
+  for (int base = p0; base < p1; base += rm.rows_per_group) {
     float part[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -369,19 +377,19 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
       part[r] = acc;
     }
     const int next = base + rm.rows_per_group;
-    if (next < P) {
+    if (next < p1) {
       load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
       load_ring_x(next);
       load_window_x(next);
     }
     const float y = row_sum_values<kRows>(part, lane, lanes);
     const int row = rm.row(base, lane / per_value);
-    if (lane % per_value == 0 && row < P) store_scalar(p.y, p.y_dtype, y0 + row, y);
+    if (lane % per_value == 0 && row < p1) store_scalar(p.y, p.y_dtype, y0 + row, y);
   }
   if (folded)
-    finish_verify<ActT, true>(p, b, slot, H, &before);
+    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before, !append_x);
   else
-    finish_early_arrival(p, b, slot, H, before, ticket);
+    finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);
 }
 
 }  // namespace replayssm::cuda

@@ -212,6 +212,24 @@ __device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
       static_cast<const ActT*>(p.B) + (int64_t(b) * p.tokens * p.G + g0) * p.N, int64_t(p.G) * p.N);
 }
 
+// The window's x and delta of every head (one token: small_step_kernel) into the ring at logical
+// position c of `after` (the cursors after this step's fold), from the step's inputs of batch
+// entry b; delta as each head's block computed it.
+template <typename ActT>
+__device__ __forceinline__ void append_window_x_delta(const ReplayParams& p, int b,
+                                                      const SlotSections& sec,
+                                                      const SlotCursors& after) {
+  const int H = p.H, phys = ring_index(after, after.committed, p.L);
+  const int vectors = H * p.P * int(sizeof(ActT)) / 16;  // the entry's x [H, P]
+  const uint4* const src =
+      reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + int64_t(b) * H * p.P);
+  uint4* const dst =
+      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + int64_t(phys) * H * p.P);
+  for (int u = threadIdx.x; u < vectors; u += blockDim.x) dst[u] = src[u];
+  for (int h = threadIdx.x; h < H; h += blockDim.x)
+    sec.ring_delta[phys * H + h] = HeadScalars::load(p.head, h).delta(p.dt[int64_t(b) * H + h]);
+}
+
 // The entry's last block to finish a verify: the arrival counter made ready for the next verify,
 // then the cursors after this verify (and its commit, for a decode) from `cur` (after any flush).
 __device__ __forceinline__ void advance_cursors(const ReplayParams& p, int b, int slot,
@@ -230,11 +248,14 @@ __device__ __forceinline__ void advance_cursors(const ReplayParams& p, int b, in
 // be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
 // the group fold until they finish. Uniform over the block.
 // `known`: the slot's cursors as every block of the entry read them, where the caller holds them
-// (then the last block does not wait for them again).
+// (then the last block does not wait for them again). `append_x` (small_step_kernel with a
+// head's rows split over several blocks): after a fold the last block also appends the window's
+// x and delta of every head, which the other blocks of a head fold until they finish.
 template <typename ActT, bool kOneLaunch>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
                                               int blocks_per_entry,
-                                              const SlotCursors* known = nullptr) {
+                                              const SlotCursors* known = nullptr,
+                                              bool append_x = false) {
   __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
   bool last = false;
   if (threadIdx.x == 0) {
@@ -251,6 +272,8 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   const bool flush = verify_needs_flush(cur, p.tokens, p.L);
   if (flush) apply_flush(cur, p.L);
   if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
+  if (kOneLaunch && flush && append_x)
+    append_window_x_delta<ActT>(p, b, slot_sections(p.geo, slot), cur);
   if (threadIdx.x != 0) return;
   advance_cursors(p, b, slot, cur);
   if (flush) {
