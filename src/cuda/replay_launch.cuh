@@ -139,17 +139,19 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
         const size_t smem = small_step_smem<ActT>(lc, p.L, p.P);
-        auto run_step = [&]<int kThreads>() {
-          const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads>;
+        auto run_step = [&]<int kThreads, bool kSplit>() {
+          const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads, kSplit>;
           allow_dynamic_smem(kernel, smem);
           ReplayParams q = p;
-          q.step_split_log2 = small_step_split_log2(p, lc.sm_count, kMode);
+          q.step_split_log2 = kSplit ? small_step_split_log2(p, lc.sm_count, kMode) : 0;
           launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch), kThreads, smem,
                  q);
         };
+        if (small_step_split_log2(p, lc.sm_count, kMode) > 0)
+          return run_step.template operator()<kSmallStepWideThreads, true>();
         if (small_step_threads(p, lc.sm_count) == kSmallStepWideThreads)
-          return run_step.template operator()<kSmallStepWideThreads>();
-        run_step.template operator()<kSmallStepThreads>();
+          return run_step.template operator()<kSmallStepWideThreads, false>();
+        run_step.template operator()<kSmallStepThreads, false>();
       } else if (p.tokens == 1) {
         if constexpr (has_direct_readout(kMode))
           if (direct(1)) return run_direct.template operator()<1>();
@@ -217,8 +219,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
                 small_verify_smem(L, N, P, L / 2, int(sizeof(ActT))));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
-      for (const auto kernel : {small_step_kernel<kMode, ActT, kEntries, kSmallStepThreads>,
-                                small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads>})
+      for (const auto kernel :
+           {small_step_kernel<kMode, ActT, kEntries, kSmallStepThreads>,
+            small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads>,
+            small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads, true>})
         load_kernel(kernel, small_step_smem<ActT>(lc, L, P));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode));

@@ -128,13 +128,18 @@ struct Act8 {
 
 // Grid (H / G, G, batch) of kThreads: block (x, g, b) is head g H / G + x of entry b.
 // kEntries: ring entries per lane of a row (history <= kEntries N / 8).
-template <Mode kMode, typename ActT, int kEntries, int kThreads>
+// kSplit: the head's rows are split over 2^p.step_split_log2 blocks (small_step_split_log2;
+// 256-thread blocks only); without it the kernel folds the whole head in the fold's own form,
+// whose loop keeps fewer registers (the row-chunk form made nemotron-h-8b's 16/32-bit modes 4-10%
+// slower at batch 1, H200 session 31, call 3).
+template <Mode kMode, typename ActT, int kEntries, int kThreads, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     small_step_kernel(const ReplayParams p) {
   constexpr int kRows = small_step_rows(kMode, kThreads);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
   // Block x of group g: head g H / G + x / splits, rows [p0, p1) (p.step_split_log2).
-  const int split_log2 = p.step_split_log2, split = blockIdx.x & ((1 << split_log2) - 1);
+  const int split_log2 = kSplit ? p.step_split_log2 : 0;
+  const int split = blockIdx.x & ((1 << split_log2) - 1);
   const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + (blockIdx.x >> split_log2);
   const int p0 = split * (P >> split_log2), p1 = p0 + (P >> split_log2);
   const int blocks_per_entry = H << split_log2;
@@ -256,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
     // Rows [p0, p1): whole row groups of the fold's RowMap (small_step_split_log2).
-    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads), false, true>(
+    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads), false, kSplit>(
         p, slot, cur, h, smem, -1, split, 1 << split_log2);
     __syncthreads();
     apply_flush(cur, L);
