@@ -43,13 +43,13 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
 // 1: one node fewer, the flush inside the verify, took a step from 14.5 to 12.7 us in
 // verify_kernel; small_step_kernel, session 27, 9.7 -> 8.5 us). With several heads per block a
 // flushing entry's blocks would fold their heads one after another while flush_kernel spreads them
-// over the GPU (batch 64: 61.0 -> 73.3 us); and every block reads its whole entry's inputs to
-// validate them, 20 KB at W = 1 for nemotron-h-8b but 160 KB at W = 8, so larger batches and
-// windows keep three launches. In the 16/32-bit modes, whose chained readout has no tensor-core
-// form, batches up to kOneLaunchMaxBatch take the one launch even where the verify blocks would
-// hold two heads (nemotron-h-8b batch 5-8, 1024 blocks at batch 8: H200, session 28, fp32 batch 5
-// 22.8 -> 14.4 us, batch 8 26.6 -> 19.2, bf16 15.9 -> 13.5 and 18.2 -> 17.1); the 8/4-bit modes
-// gained 2-7% at batch 5 but lost 3-10% at batch 8 against their direct readout, and keep it.
+// over the GPU (batch 64: 61.0 -> 73.3 us), so larger batches keep three launches (windows above
+// 1: small_verify_kernel or three launches). In the 16/32-bit modes, whose chained readout has no
+// tensor-core form, batches up to kOneLaunchMaxBatch take the one launch even where the verify
+// blocks would hold two heads (nemotron-h-8b batch 5-8, 1024 blocks at batch 8: H200, session 28,
+// fp32 batch 5 22.8 -> 14.4 us, batch 8 26.6 -> 19.2, bf16 15.9 -> 13.5 and 18.2 -> 17.1); the
+// 8/4-bit modes gained 2-7% at batch 5 but lost 3-10% at batch 8 against their direct readout, and
+// keep it.
 inline constexpr int kOneLaunchMaxBatch = 8;
 inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
   return p.tokens == 1 && p.batch <= kOneLaunchMaxBatch &&

@@ -35,8 +35,10 @@ namespace replayssm::cuda {
 //
 // The ring and window operands are staged as they are in memory (16 or 32 bits) by cp.async, all
 // of them in flight at once. Validation stays in validate_tokens, whose 8 blocks per entry scan
-// the inputs: a block of this kernel scanning its whole entry would read 160 KB at
-// nemotron-h-8b's W = 8 (small_step_kernel does so at W = 1, 20 KB).
+// the inputs. small_step_kernel's blocks test only their own inputs and let the entry's last
+// block refuse the step, but a fold must know the whole entry's verdict first, and at W = 8
+// every 2 to 3 steps fold: each block would then scan 160 KB (nemotron-h-8b), 20 MB through the
+// L2 per step.
 //
 // 512 threads (16 warps) per block: at batch 1 the grid is one block per SM, and the fold and
 // the W-output readout are chains of dependent instructions per thread that 4 warps could not
