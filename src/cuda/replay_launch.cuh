@@ -139,16 +139,16 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       };
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
         const size_t smem = small_step_smem<ActT>(lc, p.L, p.P);
+        const int split_log2 = small_step_split_log2(p, lc.sm_count, kMode);
         auto run_step = [&]<int kThreads, bool kSplit>() {
           const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads, kSplit>;
           allow_dynamic_smem(kernel, smem);
           ReplayParams q = p;
-          q.step_split_log2 = kSplit ? small_step_split_log2(p, lc.sm_count, kMode) : 0;
+          q.step_split_log2 = kSplit ? split_log2 : 0;
           launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch), kThreads, smem,
                  q);
         };
-        if (small_step_split_log2(p, lc.sm_count, kMode) > 0)
-          return run_step.template operator()<kSmallStepWideThreads, true>();
+        if (split_log2 > 0) return run_step.template operator()<kSmallStepWideThreads, true>();
         if (small_step_threads(p, lc.sm_count) == kSmallStepWideThreads)
           return run_step.template operator()<kSmallStepWideThreads, false>();
         run_step.template operator()<kSmallStepThreads, false>();

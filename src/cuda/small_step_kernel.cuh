@@ -126,7 +126,8 @@ struct Act8 {
   }
 };
 
-// Grid (H / G, G, batch) of kThreads: block (x, g, b) is head g H / G + x of entry b.
+// Grid ((H / G) << p.step_split_log2, G, batch) of kThreads: block (x, g, b) takes entry b's
+// head g H / G + (x >> p.step_split_log2), all its rows or (kSplit) one split of them.
 // kEntries: ring entries per lane of a row (history <= kEntries N / 8).
 // kSplit: the head's rows are split over 2^p.step_split_log2 blocks (small_step_split_log2;
 // 256-thread blocks only); without it the kernel folds the whole head in the fold's own form,
@@ -160,7 +161,8 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const ActT* const x_in = static_cast<const ActT*>(p.x) + (int64_t(b) * H + h) * P;  // [P]
   const ActT* const B_in = static_cast<const ActT*>(p.B) + (int64_t(b) * G + g) * N;  // [N]
   constexpr int kVec = 16 / sizeof(ActT);
-  const int x_vectors = (p1 - p0) / kVec;  // of this block's rows
+  const int x_vectors = (p1 - p0) / kVec;                                  // of this block's rows
+  const uint4* const x_block = reinterpret_cast<const uint4*>(x_in + p0);  // [x_vectors]
   Act8<ActT> c_window;  // columns n0.. of C, converted once the slot's loads are out
   Act8<ActT> b_window;  // and of the window's B
   float dt_window;
@@ -170,8 +172,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     c_window.load(static_cast<const ActT*>(p.C) + (int64_t(b) * G + g) * N + rm.n0);
     b_window.load(B_in + rm.n0);
     dt_window = p.dt[int64_t(b) * H + h];
-    x_vector = int(threadIdx.x) < x_vectors ? reinterpret_cast<const uint4*>(x_in + p0)[threadIdx.x]
-                                            : make_uint4(0u, 0u, 0u, 0u);
+    x_vector = int(threadIdx.x) < x_vectors ? x_block[threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
   };
   // Nothing converts or tests the window's loads before the slot's loads are out: that would
   // hold the thread until they arrive.
@@ -242,8 +243,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   // entry after the cursors have said that it folds.
   bool refused = !isfinite(dt_window) || c_window.nonfinite(f16) || b_window.nonfinite(f16);
   for (int u = threadIdx.x; u < x_vectors; u += blockDim.x)
-    refused |= nonfinite16<ActT>(
-        u < int(blockDim.x) ? x_vector : reinterpret_cast<const uint4*>(x_in + p0)[u], f16);
+    refused |= nonfinite16<ActT>(u < int(blockDim.x) ? x_vector : x_block[u], f16);
   const bool report = blockIdx.x == 0 && g == 0;
   if (!slot_takes_step(p, slot, cur, report)) return;  // uniform
   // SPEC 4: the flush first. Nothing else is live across the fold, which has the registers to
@@ -312,8 +312,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const bool append_x = !folded || split_log2 == 0;
   const int phys = ring_index(cur, c, L);
   for (int u = threadIdx.x; append_x && u < x_vectors; u += blockDim.x) {
-    if (u >= int(blockDim.x))  // x rows longer than a vector per thread (P > 128 / kVec x 8)
-      x_vector = reinterpret_cast<const uint4*>(x_in + p0)[u];
+    if (u >= int(blockDim.x)) x_vector = x_block[u];  // rows longer than a vector per thread
     reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys) * H + h) * P + p0)[u] =
         x_vector;
   }
