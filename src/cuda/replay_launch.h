@@ -76,7 +76,8 @@ inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode)
   const int group = per_pass * std::max(small_step_rows(mode, kSmallStepWideThreads),
                                         small_step_fold_rows(mode, kSmallStepWideThreads));
   int s = 0;
-  while (s < 3 && (int64_t(p.batch) * p.H << (s + 1)) <= 2 * int64_t(sm_count) &&
+  while (s < kSmallStepMaxSplitLog2 &&
+         (int64_t(p.batch) * p.H << (s + 1)) <= 2 * int64_t(sm_count) &&
          p.P % (group << (s + 1)) == 0)
     ++s;
   return s;

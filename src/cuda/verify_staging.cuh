@@ -296,9 +296,12 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // the fence; an acq_rel one did (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
 // `refused` (small_step_kernel): this block found a NaN or Inf in its share of the entry's inputs;
 // the arrival then adds kArrivalRefused as well, so that the last block sees it.
-inline constexpr int32_t kArrivalRefused = 1 << 16;  // above any entry's block count (H < 2^15)
-static_assert(kMaxHeads < kArrivalRefused &&
-              int64_t(kMaxHeads) * (1 + kArrivalRefused) < (1ll << 31));
+// Above any entry's block count: kMaxHeads heads of small_step_kernel, each split over up to
+// 2^kSmallStepMaxSplitLog2 blocks, every one of which may arrive refused without overflow.
+inline constexpr int kSmallStepMaxSplitLog2 = 3;
+inline constexpr int32_t kArrivalRefused = 1 << 16;
+static_assert((kMaxHeads << kSmallStepMaxSplitLog2) < kArrivalRefused &&
+              int64_t(kMaxHeads << kSmallStepMaxSplitLog2) * (1 + kArrivalRefused) < (1ll << 31));
 __device__ __forceinline__ int early_arrival(const ReplayParams& p, int b, bool refused = false) {
   if (threadIdx.x != 0) return 0;
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> arrivals(p.arrivals[b]);
