@@ -70,7 +70,7 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 // otherwise the whole head (the arguments are ignored, and the loop keeps its registers).
 // held (small_verify_kernel): the fold's operands the block holds (stage_fold) and the first row
 // group of the recurrence checkpoint, loaded by the caller (load_group, rec) before it knew
-// whether the step may write.
+// whether the step may write; with kChunked, x of the chunk's rows only.
 template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false,
           bool kChunked = false>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
@@ -83,6 +83,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   const int groups = (P + rm.rows_per_group - 1) / rm.rows_per_group;
   const int row_begin = kChunked ? chunk * groups / chunks * rm.rows_per_group : 0;
   const int row_end = kChunked ? min(P, (chunk + 1) * groups / chunks * rm.rows_per_group) : P;
+  // Rows of the staged x (f.x): the held ones, else the head's.
+  const int x_first = held ? held->x_first : 0, x_rows = held ? held->x_rows : P;
   RawChunk raw[kRows];
   int prow[kRows];
   if (held_raw) {
@@ -109,7 +111,10 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
     }
     if (base + rm.rows_per_group < row_end)
       load_group<kMode>(sec, rm, h, P, N, base + rm.rows_per_group, true, raw, prow);
-    fold_rows(v, f, cur.committed, clamped, rm.n0, N, P);
+    int xrow[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) xrow[r] = clamped[r] - x_first;
+    fold_rows(v, f, cur.committed, xrow, rm.n0, N, x_rows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int pr = clamped[r];

@@ -91,7 +91,8 @@ struct ReplayParams {
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
   ValidatedEntry* entries;
   int heads_per_block;  // verify_kernel: heads of one group per block
-  // small_step_kernel: each head's rows split over 2^this blocks (small_step_split_log2)
+  // small_step_kernel, small_verify_kernel: each head's rows split over 2^this blocks
+  // (small_step_split_log2, small_verify_split_log2)
   int step_split_log2 = 0;
   // verify: small_verify_kernel serves the step (verify_small_window); validate_tokens then lets
   // it start at once (its own dependent launch: allow_dependent_launch at the top)
@@ -331,15 +332,19 @@ __device__ __forceinline__ void running_sums(const float* delta, int count, int 
 
 // The committed entries' operands of a fold that a block already holds (small_verify_kernel):
 // B and x at every ring position in shared memory, as they are in the ring (ActT), and the
-// head's delta at ring position threadIdx.x (threads 0 .. L - 1) in a register.
+// head's delta at ring position threadIdx.x (threads 0 .. L - 1) in a register. A block that
+// folds some of the head's rows (a split head) holds x of those rows only.
 template <typename ActT>
 struct FoldOperands {
   const ActT* B;  // [L, N] the head's group
-  const ActT* x;  // [L, P] the head
+  const ActT* x;  // [L, x_rows] the head's rows x_first .. x_first + x_rows - 1
   float delta;    // at ring position threadIdx.x
+  int x_first;
+  int x_rows;
 };
 
-// Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form:
+// Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form
+// (f.x: [count, held ? held->x_rows : P], the rows the block holds):
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
 // (the CPU reference's order: scale the decoded row, then add the entries in logical order),
 // from the slot's ring, or from `held` where the block holds them.
@@ -354,7 +359,8 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
       {f.B, held ? held->B : static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
        held ? int64_t(p.N) : int64_t(p.G) * p.N, count, p.N, true, nullptr},
       {f.x, held ? held->x : static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
-       held ? int64_t(p.P) : int64_t(p.H) * p.P, count, p.P, true, nullptr}};
+       held ? int64_t(held->x_rows) : int64_t(p.H) * p.P, count, held ? held->x_rows : p.P, true,
+       nullptr}};
   stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
   if (held) {
     if (int(threadIdx.x) < p.L) {
@@ -383,10 +389,11 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
 
 // The fold of stage_fold for one 8-element chunk (columns n0..n0+7) of each of R rows:
 //   s = d0 s; then s += (w_k x_k[p]) B_k for k = 0..count-1, in logical order.
-// The 8 columns of B_k are read from shared memory once per entry for all R rows.
+// The 8 columns of B_k are read from shared memory once per entry for all R rows; x_k[p] is
+// f.x[k x_stride + xrow] (xrow: the row's index among the staged rows).
 template <int R>
 __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, int count,
-                                          const int (&prow)[R], int n0, int N, int P) {
+                                          const int (&xrow)[R], int n0, int N, int x_stride) {
   const float d0 = *f.d0;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -396,7 +403,7 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
   const float* bk = f.B + n0;
   const float* xk[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) xk[r] = f.x + prow[r];
+  for (int r = 0; r < R; ++r) xk[r] = f.x + xrow[r];
   for (int k = 0; k < count; ++k, bk += N) {
     const float4 b0 = *reinterpret_cast<const float4*>(bk);
     const float4 b1 = *reinterpret_cast<const float4*>(bk + 4);
@@ -405,7 +412,7 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float wx = wk * *xk[r];
-      xk[r] += P;
+      xk[r] += x_stride;
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[r][i] += wx * bv[i];
     }

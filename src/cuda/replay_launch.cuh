@@ -81,9 +81,11 @@ inline size_t verify_smem(const LaunchConfig& lc, int L, int N, int windows, int
          verify_stages(windows) * lc.verify_stage_bytes;
 }
 
-// small_verify_kernel's shared memory: the fold's, then the staging of a window of `windows`.
-inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size) {
-  return small_verify_staging_offset(L, N, P) + SmallVerifySmem::bytes(L, N, P, windows, act_size);
+// small_verify_kernel's shared memory: the fold's, then the staging of a window of `windows`
+// (x of `rows` rows: the block's share of the head).
+inline size_t small_verify_smem(int L, int N, int P, int windows, int act_size, int rows) {
+  return small_verify_staging_offset(L, N, P) +
+         SmallVerifySmem::bytes(L, N, rows, windows, act_size);
 }
 
 // small_step_kernel's shared memory: the most of the fold's and its own (SmallStepSmem and the
@@ -115,12 +117,18 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   };
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
-    if (p.small_window) {  // W > 1: one block per (entry, head) after validate_tokens
-      const auto kernel = small_verify_kernel<kMode, ActT>;
-      const size_t smem = small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)));
-      allow_dynamic_smem(kernel, smem);
-      launch(lc, kernel, dim3(p.H / p.G, p.G, p.batch), kSmallVerifyThreads, smem, p);
-      return;
+    if (p.small_window) {  // W > 1: blocks of one head or a split of one after validate_tokens
+      ReplayParams q = p;
+      q.step_split_log2 = small_verify_split_log2(p, lc.sm_count);
+      auto run_small = [&](auto kernel) {
+        const size_t smem = small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)),
+                                              p.P >> q.step_split_log2);
+        allow_dynamic_smem(kernel, smem);
+        launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch),
+               kSmallVerifyThreads, smem, q);
+      };
+      if (q.step_split_log2 > 0) return run_small(small_verify_kernel<kMode, ActT, true>);
+      return run_small(small_verify_kernel<kMode, ActT>);
     }
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
@@ -215,8 +223,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
     }
     // The largest window a cache may verify is L / 2 (SPEC 4).
-    load_kernel(small_verify_kernel<kMode, ActT>,
-                small_verify_smem(L, N, P, L / 2, int(sizeof(ActT))));
+    for (const auto kernel : {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>})
+      load_kernel(kernel, small_verify_smem(L, N, P, L / 2, int(sizeof(ActT)), P));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
       for (const auto kernel :

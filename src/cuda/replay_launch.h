@@ -96,9 +96,22 @@ inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode)
 // threads at batch 2: W = 8 24.7 against 20.7 us), and larger heads fold too slowly in one block
 // each (falcon-h1-7b, 24 heads of 128 x 256: W = 8 36.1 against 22.7 us with the kernel's first
 // readout; bench/results/2026-12-02-h200-session28.md).
+// Heads of several whole row groups split over 2, 4 or 8 blocks (the log2 of which this returns)
+// as long as the blocks stay one wave; a split head whose blocks hold two row groups or fewer
+// runs there too (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch
+// 2). -1: the step takes the three launches.
+inline int small_verify_split_log2(const ReplayParams& p, int sm_count) {
+  if (p.tokens == 1) return -1;
+  const int group = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;  // rows
+  const int64_t pairs = int64_t(p.batch) * p.H;
+  int s = 0;
+  while (s < kSmallStepMaxSplitLog2 && (pairs << (s + 1)) <= sm_count &&
+         p.P % (group << (s + 1)) == 0)
+    ++s;
+  return (pairs << s) <= sm_count && (p.P >> s) <= 2 * group ? s : -1;
+}
 inline bool verify_small_window(const ReplayParams& p, int sm_count) {
-  const int rows_per_block = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;
-  return p.tokens > 1 && int64_t(p.batch) * p.H <= sm_count && p.P <= 2 * rows_per_block;
+  return small_verify_split_log2(p, sm_count) >= 0;
 }
 
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM

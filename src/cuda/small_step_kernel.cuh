@@ -391,7 +391,8 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     if (lane % per_value == 0 && row < p1) store_scalar(p.y, p.y_dtype, y0 + row, y);
   }
   if (folded)
-    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before, !append_x);
+    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before,
+                              append_x ? WindowAppend::none : WindowAppend::x_and_delta);
   else
     finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);
 }

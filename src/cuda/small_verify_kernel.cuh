@@ -44,40 +44,41 @@ namespace replayssm::cuda {
 // the W-output readout are chains of dependent instructions per thread that 4 warps could not
 // hide (H200, batch 1 separate-fp8: 128 threads took W = 4 / W = 8 steps 14.9 / 20.1 us, 512
 // threads 13.2 / 17.4; bench/results/2026-12-02-h200-session28.md). One wave of such blocks is
-// batch x H <= the SM count (verify_small_window).
+// batch x H x (blocks per head) <= the SM count (small_verify_split_log2).
 inline constexpr int kSmallVerifyThreads = 512;
 inline constexpr int kSmallVerifyRows = 2;  // rows per thread (nemotron-h-8b: the head's 64 rows)
 
 // Shared memory, placed after the fold's (flush_head overwrites that; what is staged here
-// outlives the fold). Activations in their own dtype (ActT); counts in elements.
+// outlives the fold). Activations in their own dtype (ActT); counts in elements; R: the block's
+// rows of the head (P, or P / 2^s where the head is split over 2^s blocks).
 struct SmallVerifySmem {
   void* ring_B;      // [L, N] ActT  B at each ring position (the head's group)
-  void* ring_x;      // [L, P] ActT  x of the head at each ring position
+  void* ring_x;      // [L, R] ActT  x of the block's rows at each ring position
   void* win_B;       // [W, N] ActT  the window's B
   void* win_C;       // [W, N] ActT  the window's C
-  void* win_x;       // [W, P] ActT  the window's x of the head
+  void* win_x;       // [W, R] ActT  the window's x of the block's rows
   float* dot;        // [W, L]       B_k . C_j, logical entry k
   float* w;          // [W, L]       w_jk
   float* dec;        // [W]          exp(A L_{c+j})
   float* delta_log;  // [L]          delta_k, logical entry k
   float* Cr;         // [W, N]       C_j as the readout takes it (bf16-rounded in 8/4-bit modes)
 
-  __host__ __device__ static size_t act_bytes(int L, int N, int P, int W, int act_size) {
-    return size_t(act_size) * (size_t(L) * (N + P) + size_t(W) * (2 * N + P));
+  __host__ __device__ static size_t act_bytes(int L, int N, int R, int W, int act_size) {
+    return size_t(act_size) * (size_t(L) * (N + R) + size_t(W) * (2 * N + R));
   }
-  __host__ __device__ static size_t bytes(int L, int N, int P, int W, int act_size) {
-    return act_bytes(L, N, P, W, act_size) +
+  __host__ __device__ static size_t bytes(int L, int N, int R, int W, int act_size) {
+    return act_bytes(L, N, R, W, act_size) +
            sizeof(float) * (size_t(L) + 2 * size_t(W) * L + W + size_t(W) * N);
   }
   // base: 16-byte aligned, past the fold's shared memory.
-  __device__ static SmallVerifySmem carve(uint8_t* base, int L, int N, int P, int W, int act_size) {
+  __device__ static SmallVerifySmem carve(uint8_t* base, int L, int N, int R, int W, int act_size) {
     SmallVerifySmem s;
     s.ring_B = base;
     s.win_B = base + size_t(act_size) * L * N;
     s.win_C = base + size_t(act_size) * (L + W) * N;
     s.ring_x = base + size_t(act_size) * (L + 2 * W) * N;
-    s.win_x = base + size_t(act_size) * ((L + 2 * W) * N + L * P);
-    s.Cr = reinterpret_cast<float*>(base + act_bytes(L, N, P, W, act_size));  // 16-byte aligned
+    s.win_x = base + size_t(act_size) * ((L + 2 * W) * N + L * R);
+    s.Cr = reinterpret_cast<float*>(base + act_bytes(L, N, R, W, act_size));  // 16-byte aligned
     s.dot = s.Cr + W * N;
     s.w = s.dot + W * L;
     s.dec = s.w + W * L;
@@ -91,10 +92,13 @@ __host__ __device__ inline size_t small_verify_staging_offset(int L, int N, int 
   return (FoldSmem::bytes(L, N, P) + 15) / 16 * 16;
 }
 
-// Grid (H / G, G, batch) of kSmallVerifyThreads: block (x, g, b) is head g H / G + x of entry b.
+// Grid ((H / G) << p.step_split_log2, G, batch) of kSmallVerifyThreads: block (x, g, b) takes
+// entry b's head g H / G + (x >> p.step_split_log2), all its rows or (kSplit) one split of them:
+// rows [p0, p0 + R), whole row groups (small_verify_split_log2). A split block stages, folds,
+// appends and reads out its rows only; B_k . C_j and the weights are every block's.
 // Launched dependent on validate_tokens, which lets it start only once every grid before
 // validate_tokens is complete.
-template <Mode kMode, typename ActT>
+template <Mode kMode, typename ActT, bool kSplit = false>
 __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     small_verify_kernel(const ReplayParams p) {
   constexpr int kRows = kSmallVerifyRows;
@@ -104,13 +108,17 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   extern __shared__ float4 smem_raw[];
   float* const fold_smem = reinterpret_cast<float*>(smem_raw);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
-  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + blockIdx.x;
+  const int split_log2 = kSplit ? p.step_split_log2 : 0;
+  const int split = blockIdx.x & ((1 << split_log2) - 1);
+  const int b = blockIdx.z, g = blockIdx.y, h = g * (H / G) + (blockIdx.x >> split_log2);
+  const int R = P >> split_log2, p0 = split * R, p1 = p0 + R;  // the block's rows
+  const int blocks_per_entry = H << split_log2;
   HeadScalars head = HeadScalars::load(p.head, h);
   const bool f16 = p.act_f16;
   const RowMap rm(p.lanes_per_row, kRows);
   const int lanes = rm.lanes, lane = rm.lane_in_row;
   const SmallVerifySmem sm = SmallVerifySmem::carve(
-      reinterpret_cast<uint8_t*>(smem_raw) + small_verify_staging_offset(L, N, P), L, N, P, W,
+      reinterpret_cast<uint8_t*>(smem_raw) + small_verify_staging_offset(L, N, P), L, N, R, W,
       kAct);
 
   // ---- round trip 1: what depends on (b, h) only
@@ -120,7 +128,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   const int64_t bc0 = (int64_t(b) * W * G + g) * N;  // the window's B and C rows of the group
   cp_async_rows(sm.win_B, static_cast<const ActT*>(p.B) + bc0, W, N * kAct, int64_t(G) * N * kAct);
   cp_async_rows(sm.win_C, static_cast<const ActT*>(p.C) + bc0, W, N * kAct, int64_t(G) * N * kAct);
-  cp_async_rows(sm.win_x, x_in, W, P * kAct, int64_t(H) * P * kAct);
+  cp_async_rows(sm.win_x, x_in + p0, W, R * kAct, int64_t(H) * P * kAct);
   cp_async_commit();
   const float dt_window = int(threadIdx.x) < W ? p.dt[(int64_t(b) * W + threadIdx.x) * H + h] : 0.f;
   if (slot < 0) {  // padding
@@ -132,11 +140,11 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   RawChunk raw[kRows];
   int prow[kRows];
   SlotSections sec = slot_sections(p.geo, slot);
-  load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+  load_group<kMode>(sec, rm, h, P, N, p0, false, raw, prow);
   cp_async_rows(sm.ring_B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, L, N * kAct,
                 int64_t(G) * N * kAct);
-  cp_async_rows(sm.ring_x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P, L, P * kAct,
-                int64_t(H) * P * kAct);
+  cp_async_rows(sm.ring_x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P + p0, L,
+                R * kAct, int64_t(H) * P * kAct);
   cp_async_commit();
   const float ring_delta = int(threadIdx.x) < L ? sec.ring_delta[threadIdx.x * H + h] : 0.f;
   SlotCursors cur = p.cursors[slot];
@@ -147,7 +155,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   RawChunk fold_raw[kRows];
   if (folded) {
     int fold_prow[kRows];
-    load_group<kMode>(sec, rm, h, P, N, 0, true, fold_raw, fold_prow);
+    load_group<kMode>(sec, rm, h, P, N, p0, true, fold_raw, fold_prow);
   }
 
   // The window's delta of the head, in threads 0 .. W - 1.
@@ -165,11 +173,12 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   if (folded) {
     __syncthreads();  // every thread's copies of the ring
     const FoldOperands<ActT> held{static_cast<const ActT*>(sm.ring_B),
-                                  static_cast<const ActT*>(sm.ring_x), ring_delta};
-    flush_head<kMode, ActT, kRows>(p, slot, cur, h, fold_smem, -1, 0, 1, &held, fold_raw);
+                                  static_cast<const ActT*>(sm.ring_x), ring_delta, p0, R};
+    flush_head<kMode, ActT, kRows, false, kSplit>(p, slot, cur, h, fold_smem, -1, split,
+                                                  1 << split_log2, &held, fold_raw);
     __syncthreads();  // this block reads its own writes below
     apply_flush(cur, L);
-    load_group<kMode>(sec, rm, h, P, N, 0, false, raw, prow);
+    load_group<kMode>(sec, rm, h, P, N, p0, false, raw, prow);
     head = HeadScalars::load(p.head, h);  // not held across the fold's registers
   }
   const int c = cur.committed, m = c + W;
@@ -190,22 +199,26 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     return static_cast<const ActT*>(k < c ? sm.ring_B : sm.win_B) + (k < c ? phys(k) : k - c) * N;
   };
   auto entry_x = [&](int k) {
-    return static_cast<const ActT*>(k < c ? sm.ring_x : sm.win_x) + (k < c ? phys(k) : k - c) * P;
+    return static_cast<const ActT*>(k < c ? sm.ring_x : sm.win_x) + (k < c ? phys(k) : k - c) * R;
   };
 
   // The window into the ring at logical c .. c + W - 1, read by no block of this step (after a
-  // fold, the positions of entries this head's fold read; other heads' blocks never read this
-  // head's x). Ring B by the group's first block, or after a fold by the entry's last block
-  // (finish_verify: the other blocks of the group fold the old entries' B until they finish).
+  // fold, the positions of entries whose x of these rows only this block read, from its own
+  // copy; other blocks never read these rows). Ring B by the group's first block, or after a
+  // fold by the entry's last block (finish_verify: the other blocks of the group fold the old
+  // entries' B until they finish); so too delta after a fold where the head is split (its other
+  // blocks load the old entries' delta until they start).
   {
-    const int per_row = P * kAct / 16;
+    const int per_row = R * kAct / 16;
     for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
       const int j = u / per_row, i = u - j * per_row;
       reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) +
-                               (int64_t(phys(c + j)) * H + h) * P)[i] =
-          reinterpret_cast<const uint4*>(static_cast<const ActT*>(sm.win_x) + j * P)[i];
+                               (int64_t(phys(c + j)) * H + h) * P + p0)[i] =
+          reinterpret_cast<const uint4*>(static_cast<const ActT*>(sm.win_x) + j * R)[i];
     }
-    if (int(threadIdx.x) < W) sec.ring_delta[phys(c + threadIdx.x) * H + h] = win_delta;
+    const bool append_delta = split == 0 && (!folded || split_log2 == 0);
+    if (append_delta && int(threadIdx.x) < W)
+      sec.ring_delta[phys(c + threadIdx.x) * H + h] = win_delta;
     if (!folded && blockIdx.x == 0) append_window_B<ActT>(p, b, sec, cur, g, 1);
   }
 
@@ -278,15 +291,15 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     constexpr int kValues = kOut * kRows;
     const int per_value = lanes / kValues;  // lanes holding each value's sum
     const int my_value = lane / per_value;  // value index v = jj kRows + r
-    for (int base = 0; base < P; base += rm.rows_per_group) {
+    for (int base = p0; base < p1; base += rm.rows_per_group) {
       float v[kRows][8], scale[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) scale[r] = decode_raw8<kMode>(raw[r], false, v[r]);
-      int xrow[kRows];
+      int xrow[kRows];  // among the block's rows
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) xrow[r] = min(rm.row(base, r), P - 1);
+      for (int r = 0; r < kRows; ++r) xrow[r] = min(rm.row(base, r), p1 - 1) - p0;
       const int next = base + rm.rows_per_group;
-      if (next < P) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
+      if (next < p1) load_group<kMode>(sec, rm, h, P, N, next, false, raw, prow);
       for (int j0 = 0; j0 < W; j0 += kOut) {
         float part[kValues];
 #pragma unroll
@@ -320,7 +333,7 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
         }
         const float y = row_sum_values<kValues>(part, lane, lanes);
         const int j = j0 + my_value / kRows, row = rm.row(base, my_value % kRows);
-        if (lane % per_value == 0 && j < W && row < P)
+        if (lane % per_value == 0 && j < W && row < p1)
           store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j) * H + h) * P + row, y);
       }
     }
@@ -330,9 +343,10 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   else
     readout.template operator()<4>();
   if (folded)
-    finish_verify<ActT, true>(p, b, slot, H, &before);
+    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before,
+                              split_log2 > 0 ? WindowAppend::delta : WindowAppend::none);
   else
-    finish_early_arrival(p, b, slot, H, before, ticket);
+    finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);
 }
 
 }  // namespace replayssm::cuda

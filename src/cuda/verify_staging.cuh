@@ -212,22 +212,34 @@ __device__ __forceinline__ void append_window_B(const ReplayParams& p, int b,
       static_cast<const ActT*>(p.B) + (int64_t(b) * p.tokens * p.G + g0) * p.N, int64_t(p.G) * p.N);
 }
 
-// The window's x and delta of every head (one token: small_step_kernel) into the ring at logical
-// position c of `after` (the cursors after this step's fold), from the step's inputs of batch
-// entry b; delta as each head's block computed it.
+// What the last block of an entry that folded in one launch appends to the ring besides the
+// window's B (finish_verify): nothing more, or the window's delta of every head, or x too.
+enum class WindowAppend { none, delta, x_and_delta };
+
+// The window's delta (and with `x` its x) of every head into the ring at logical positions c..
+// of `after` (the cursors after this step's fold), from the step's inputs of batch entry b; delta
+// as each head's blocks computed it.
 template <typename ActT>
 __device__ __forceinline__ void append_window_x_delta(const ReplayParams& p, int b,
                                                       const SlotSections& sec,
-                                                      const SlotCursors& after) {
-  const int H = p.H, phys = ring_index(after, after.committed, p.L);
-  const int vectors = H * p.P * int(sizeof(ActT)) / 16;  // the entry's x [H, P]
-  const uint4* const src =
-      reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + int64_t(b) * H * p.P);
-  uint4* const dst =
-      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + int64_t(phys) * H * p.P);
-  for (int u = threadIdx.x; u < vectors; u += blockDim.x) dst[u] = src[u];
-  for (int h = threadIdx.x; h < H; h += blockDim.x)
-    sec.ring_delta[phys * H + h] = HeadScalars::load(p.head, h).delta(p.dt[int64_t(b) * H + h]);
+                                                      const SlotCursors& after, bool x) {
+  const int H = p.H, W = p.tokens;
+  auto phys = [&](int j) { return ring_index(after, after.committed + j, p.L); };
+  if (x) {
+    const int vectors = H * p.P * int(sizeof(ActT)) / 16;  // a token's x [H, P]
+    const uint4* const src =
+        reinterpret_cast<const uint4*>(static_cast<const ActT*>(p.x) + int64_t(b) * W * H * p.P);
+    for (int u = threadIdx.x; u < W * vectors; u += blockDim.x) {
+      const int j = u / vectors, i = u - j * vectors;
+      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + int64_t(phys(j)) * H * p.P)[i] =
+          src[u];
+    }
+  }
+  for (int u = threadIdx.x; u < W * H; u += blockDim.x) {
+    const int j = u / H, h = u - j * H;
+    sec.ring_delta[phys(j) * H + h] =
+        HeadScalars::load(p.head, h).delta(p.dt[(int64_t(b) * W + j) * H + h]);
+  }
 }
 
 // The entry's last block to finish a verify: the arrival counter made ready for the next verify,
@@ -248,14 +260,16 @@ __device__ __forceinline__ void advance_cursors(const ReplayParams& p, int b, in
 // be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
 // the group fold until they finish. Uniform over the block.
 // `known`: the slot's cursors as every block of the entry read them, where the caller holds them
-// (then the last block does not wait for them again). `append_x` (small_step_kernel with a
-// head's rows split over several blocks): after a fold the last block also appends the window's
-// x and delta of every head, which the other blocks of a head fold until they finish.
+// (then the last block does not wait for them again). `append` (a head's rows split over several
+// blocks): after a fold the last block also appends what the other blocks of a head may still
+// read until they finish: the window's delta of every head, and x in small_step_kernel (whose
+// folds read the ring's x; small_verify_kernel's blocks fold from their own copies of their rows
+// and append those).
 template <typename ActT, bool kOneLaunch>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
                                               int blocks_per_entry,
                                               const SlotCursors* known = nullptr,
-                                              bool append_x = false) {
+                                              WindowAppend append = WindowAppend::none) {
   __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
   bool last = false;
   if (threadIdx.x == 0) {
@@ -272,8 +286,9 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   const bool flush = verify_needs_flush(cur, p.tokens, p.L);
   if (flush) apply_flush(cur, p.L);
   if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
-  if (kOneLaunch && flush && append_x)
-    append_window_x_delta<ActT>(p, b, slot_sections(p.geo, slot), cur);
+  if (kOneLaunch && flush && append != WindowAppend::none)
+    append_window_x_delta<ActT>(p, b, slot_sections(p.geo, slot), cur,
+                                append == WindowAppend::x_and_delta);
   if (threadIdx.x != 0) return;
   advance_cursors(p, b, slot, cur);
   if (flush) {
@@ -296,8 +311,9 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
 // the fence; an acq_rel one did (H200, session 29's phase clocks: 1400-1500 cycles before B_k . C).
 // `refused` (small_step_kernel): this block found a NaN or Inf in its share of the entry's inputs;
 // the arrival then adds kArrivalRefused as well, so that the last block sees it.
-// Above any entry's block count: kMaxHeads heads of small_step_kernel, each split over up to
-// 2^kSmallStepMaxSplitLog2 blocks, every one of which may arrive refused without overflow.
+// Above any entry's block count: kMaxHeads heads of small_step_kernel or small_verify_kernel,
+// each split over up to 2^kSmallStepMaxSplitLog2 blocks, every one of which may arrive refused
+// without overflow.
 inline constexpr int kSmallStepMaxSplitLog2 = 3;
 inline constexpr int32_t kArrivalRefused = 1 << 16;
 static_assert((kMaxHeads << kSmallStepMaxSplitLog2) < kArrivalRefused &&
