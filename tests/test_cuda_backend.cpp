@@ -528,12 +528,7 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
 // head where the entry flushes, W outputs per row), across several flushes: every mode, dstate
 // 64, 128 and 256, headdim up to 128 (the most one block holds at dstate 64) and 80 at dstate 128
 // (two row groups), history 32, fp16 and fp32 activations; and headdim 144 at dstate 128, more
-// rows than two groups, through the chained path at batch 1. Heads of several whole row groups
-// split over several blocks (small_verify_split_log2, on a GPU of 132 SMs): 4 heads of 128 rows
-// at dstate 256 over 4 blocks of one row group each at batches 1 and 3 (falcon-h1-7b's head; 2
-// blocks of two groups at batch 12), 64 rows over 2 blocks, and 128 rows at dstate 128 over 2
-// blocks with fp32 activations; each block folds its rows, and after a fold the entry's last
-// block appends the window's delta.
+// rows than two groups, through the chained path at batch 1.
 TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
@@ -549,6 +544,17 @@ TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   check_steps_against_cpu({8, 16, 64, 2}, 8, Mode::shared_int8, 24, speculative, false);
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 16, speculative, false, act);
+}
+
+// The same with heads of several whole row groups split over several blocks
+// (small_verify_split_log2, on a GPU of 132 SMs): 4 heads of 128 rows at dstate 256 over 4
+// blocks of one row group each at batches 1 and 3 (falcon-h1-7b's head; 2 blocks of two groups
+// at batch 12), 64 rows over 2 blocks, and 128 rows at dstate 128 over 2 blocks with fp32
+// activations. Each block folds its rows where the entry flushes, and the entry's last block
+// then appends the window's delta.
+TEST(CudaBackend, SmallBatchVerifySplitHeadsMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
   for (Mode mode : kAllModes)
     check_steps_against_cpu({4, 128, 256, 1}, 1, mode, 24, speculative, false);
   for (Mode mode : kCodeReadModes) {
