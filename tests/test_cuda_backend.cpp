@@ -558,7 +558,8 @@ TEST(CudaBackend, SmallBatchVerifySplitHeadsMatchesCpu) {
   for (Mode mode : kAllModes)
     check_steps_against_cpu({4, 128, 256, 1}, 1, mode, 24, speculative, false);
   for (Mode mode : kCodeReadModes) {
-    for (int B : {3, 12}) check_steps_against_cpu({4, 128, 256, 2}, B, mode, 16, speculative, false);
+    for (int B : {3, 12})
+      check_steps_against_cpu({4, 128, 256, 2}, B, mode, 16, speculative, false);
     check_steps_against_cpu({4, 64, 256, 1}, 2, mode, 16, speculative, false);
     check_steps_against_cpu({4, 128, 128, 2}, 2, mode, 16, speculative, false, DType::f32);
   }

@@ -121,8 +121,8 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       ReplayParams q = p;
       q.step_split_log2 = small_verify_split_log2(p, lc.sm_count);
       auto run_small = [&](auto kernel) {
-        const size_t smem = small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)),
-                                              p.P >> q.step_split_log2);
+        const size_t smem =
+            small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)), p.P >> q.step_split_log2);
         allow_dynamic_smem(kernel, smem);
         launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch),
                kSmallVerifyThreads, smem, q);
@@ -223,7 +223,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
     }
     // The largest window a cache may verify is L / 2 (SPEC 4).
-    for (const auto kernel : {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>})
+    for (const auto kernel :
+         {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>})
       load_kernel(kernel, small_verify_smem(L, N, P, L / 2, int(sizeof(ActT)), P));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;

@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
   load_group<kMode>(sec, rm, h, P, N, p0, false, raw, prow);
   cp_async_rows(sm.ring_B, static_cast<const ActT*>(sec.ring_B) + int64_t(g) * N, L, N * kAct,
                 int64_t(G) * N * kAct);
-  cp_async_rows(sm.ring_x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P + p0, L,
-                R * kAct, int64_t(H) * P * kAct);
+  cp_async_rows(sm.ring_x, static_cast<const ActT*>(sec.ring_x) + int64_t(h) * P + p0, L, R * kAct,
+                int64_t(H) * P * kAct);
   cp_async_commit();
   const float ring_delta = int(threadIdx.x) < L ? sec.ring_delta[threadIdx.x * H + h] : 0.f;
   SlotCursors cur = p.cursors[slot];
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kSmallVerifyThreads, 1)
     const int per_row = R * kAct / 16;
     for (int u = threadIdx.x; u < W * per_row; u += blockDim.x) {
       const int j = u / per_row, i = u - j * per_row;
-      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) +
-                               (int64_t(phys(c + j)) * H + h) * P + p0)[i] =
+      reinterpret_cast<uint4*>(static_cast<ActT*>(sec.ring_x) + (int64_t(phys(c + j)) * H + h) * P +
+                               p0)[i] =
           reinterpret_cast<const uint4*>(static_cast<const ActT*>(sm.win_x) + j * R)[i];
     }
     const bool append_delta = split == 0 && (!folded || split_log2 == 0);
