@@ -63,6 +63,17 @@ inline int small_step_threads(const ReplayParams& p, int sm_count) {
                                                          : kSmallStepThreads;
 }
 
+// How many times (log2, at most kSmallStepMaxSplitLog2) a head of P rows halves over blocks
+// whose rows stay whole groups of `group` rows, while `pairs` (entry, head) pairs times the
+// blocks per head stay within max_blocks (small_step_kernel, small_verify_kernel).
+inline int head_split_log2(int P, int group, int64_t pairs, int64_t max_blocks) {
+  int s = 0;
+  while (s < kSmallStepMaxSplitLog2 && (pairs << (s + 1)) <= max_blocks &&
+         P % (group << (s + 1)) == 0)
+    ++s;
+  return s;
+}
+
 // A step in one launch with few heads of many rows (falcon-h1-7b: 24 heads of 128 rows, four
 // row groups of the 256-thread block at dstate 256) splits each head's rows over 2, 4 or 8
 // blocks (the log2 of which this returns; 0: one block per head): each block then reads and
@@ -75,12 +86,7 @@ inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode)
   const int per_pass = kSmallStepWideThreads / p.lanes_per_row;
   const int group = per_pass * std::max(small_step_rows(mode, kSmallStepWideThreads),
                                         small_step_fold_rows(mode, kSmallStepWideThreads));
-  int s = 0;
-  while (s < kSmallStepMaxSplitLog2 &&
-         (int64_t(p.batch) * p.H << (s + 1)) <= 2 * int64_t(sm_count) &&
-         p.P % (group << (s + 1)) == 0)
-    ++s;
-  return s;
+  return head_split_log2(p.P, group, int64_t(p.batch) * p.H, 2 * int64_t(sm_count));
 }
 
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and
@@ -104,10 +110,7 @@ inline int small_verify_split_log2(const ReplayParams& p, int sm_count) {
   if (p.tokens == 1) return -1;
   const int group = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;  // rows
   const int64_t pairs = int64_t(p.batch) * p.H;
-  int s = 0;
-  while (s < kSmallStepMaxSplitLog2 && (pairs << (s + 1)) <= sm_count &&
-         p.P % (group << (s + 1)) == 0)
-    ++s;
+  const int s = head_split_log2(p.P, group, pairs, sm_count);
   return (pairs << s) <= sm_count && (p.P >> s) <= 2 * group ? s : -1;
 }
 inline bool verify_small_window(const ReplayParams& p, int sm_count) {
