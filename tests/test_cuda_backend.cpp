@@ -516,6 +516,14 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
     check_steps_against_cpu({4, 128, 256, 2}, 3, mode, 20, decode, false);
     check_steps_against_cpu({4, 128, 128, 2}, 2, mode, 20, decode, false, DType::f32);
   }
+  // Heads of 5 row passes of the 256-thread block, 5 rows per thread (small_step_five_rows): 80
+  // rows at dstate 128 (nemotron3-nano-4b's head), 160 at dstate 64 and 40 at dstate 256 (not a
+  // multiple of 16: the modes without the bf16 readout).
+  for (Mode mode : kAllModes) check_steps_against_cpu({4, 80, 128, 2}, 1, mode, 36, decode, false);
+  for (Mode mode : kCodeReadModes)
+    check_steps_against_cpu({4, 160, 64, 2}, 2, mode, 20, decode, false);
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})
+    check_steps_against_cpu({4, 40, 256, 1}, 1, mode, 20, decode, false, DType::f32);
   // Batches of 5 to 8 whose chained verify blocks would hold two heads (128 heads on a 132-SM
   // H200): the 16/32-bit modes take small_step_kernel there too.
   for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})

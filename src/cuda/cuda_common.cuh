@@ -264,6 +264,18 @@ __device__ __forceinline__ float row_sum_values(float (&v)[K], int lane_in_row, 
   return s;
 }
 
+// Five per-lane values over the `lanes` (>= 4, a power of two) lanes of a row (a head of 5 row
+// passes, nemotron3-nano-4b's 80 rows at 16 lanes per row): the first four by recursive halving,
+// whose sum of value lane_in_row / (lanes / 4) is returned, the fifth by a plain reduction into
+// `fifth` (every lane): lanes + 3 shuffles, where two groups of 4 took 2 (lanes - 1).
+__device__ __forceinline__ float row_sum_values(float (&v)[5], int lane_in_row, int lanes,
+                                                float& fifth) {
+  float four[4] = {v[0], v[1], v[2], v[3]};
+  fifth = v[4];
+  for (int o = lanes >> 1; o > 0; o >>= 1) fifth += __shfl_xor_sync(0xffffffffu, fifth, o);
+  return row_sum_values<4>(four, lane_in_row, lanes);
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with launch_dependent() may be
 // scheduled while the kernel before it in the stream is still running, which hides the launch
 // latency of a chain of small kernels (a decode step at batch 1). Such a kernel calls

@@ -148,8 +148,9 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       if (one_launch) {  // W = 1 only (verify_in_one_launch): one block per (entry, head)
         const size_t smem = small_step_smem<ActT>(lc, p.L, p.P);
         const int split_log2 = small_step_split_log2(p, lc.sm_count, kMode);
-        auto run_step = [&]<int kThreads, bool kSplit>() {
-          const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads, kSplit>;
+        auto run_step = [&]<int kThreads, bool kSplit,
+                            int kRows = small_step_rows(kMode, kThreads)>() {
+          const auto kernel = small_step_kernel<kMode, ActT, kEntries, kThreads, kSplit, kRows>;
           allow_dynamic_smem(kernel, smem);
           ReplayParams q = p;
           q.step_split_log2 = kSplit ? split_log2 : 0;
@@ -157,6 +158,8 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
                  q);
         };
         if (split_log2 > 0) return run_step.template operator()<kSmallStepWideThreads, true>();
+        if (small_step_five_rows(p, lc.sm_count, kMode))
+          return run_step.template operator()<kSmallStepWideThreads, false, 5>();
         if (small_step_threads(p, lc.sm_count) == kSmallStepWideThreads)
           return run_step.template operator()<kSmallStepWideThreads, false>();
         run_step.template operator()<kSmallStepThreads, false>();
@@ -231,7 +234,8 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       for (const auto kernel :
            {small_step_kernel<kMode, ActT, kEntries, kSmallStepThreads>,
             small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads>,
-            small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads, true>})
+            small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads, true>,
+            small_step_kernel<kMode, ActT, kEntries, kSmallStepWideThreads, false, 5>})
         load_kernel(kernel, small_step_smem<ActT>(lc, L, P));
       load_kernel(verify_kernel<kMode, ActT, 1, kEntries, V::chained>,
                   verify_smem(lc, L, N, 1, max_heads, kMode));

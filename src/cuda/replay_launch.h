@@ -89,6 +89,16 @@ inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode)
   return head_split_log2(p.P, group, int64_t(p.batch) * p.H, 2 * int64_t(sm_count));
 }
 
+// A head of exactly 5 row passes of the wide block (nemotron3-nano-4b: 80 rows at 16 lanes per
+// row, 16 rows per pass) takes 5 rows per thread, so that its rows are one row group whose loads
+// go out together, where 4 rows made two groups (64 rows, then 16 in a group of 64) and the
+// second group's loads a round trip of their own after the first group's readout.
+inline bool small_step_five_rows(const ReplayParams& p, int sm_count, Mode mode) {
+  return small_step_threads(p, sm_count) == kSmallStepWideThreads &&
+         small_step_split_log2(p, sm_count, mode) == 0 &&
+         p.P == 5 * (kSmallStepWideThreads / p.lanes_per_row);
+}
+
 // Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and
 // whose heads fit two row groups of such a block (headdim <= 2 x 2 x 512 / (dstate / 8):
 // nemotron-h-8b, nemotron3-nano-4b and mamba2-2.7b at batch 1) run as validate_tokens and one

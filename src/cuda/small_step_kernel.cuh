@@ -133,10 +133,14 @@ struct Act8 {
 // 256-thread blocks only); without it the kernel folds the whole head in the fold's own form,
 // whose loop keeps fewer registers (the row-chunk form made nemotron-h-8b's 16/32-bit modes 4-10%
 // slower at batch 1, H200 session 31, call 3).
-template <Mode kMode, typename ActT, int kEntries, int kThreads, bool kSplit = false>
+// kRows: rows per thread (small_step_rows, or 5 where the head is 5 row passes of the wide
+// block: small_step_five_rows).
+template <Mode kMode, typename ActT, int kEntries, int kThreads, bool kSplit = false,
+          int kRows = small_step_rows(kMode, kThreads)>
 __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     small_step_kernel(const ReplayParams p) {
-  constexpr int kRows = small_step_rows(kMode, kThreads);
+  static_assert(kRows != 5 || (kThreads == kSmallStepWideThreads && !kSplit),
+                "5 rows: the wide block's whole head in one row group");
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L;
   // Block x of group g: head g H / G + x / splits, rows [p0, p1) (p.step_split_log2).
   const int split_log2 = kSplit ? p.step_split_log2 : 0;
@@ -364,7 +368,6 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   const float dec = *sm.dec;
 
   // ---- the readout, one row group at a time (nemotron-h-8b: one), the next one's loads ahead
-  const int per_value = lanes / kRows;  // lanes holding each row's sum after row_sum_values
   const int64_t y0 = (int64_t(b) * H + h) * P;
   for (int base = p0; base < p1; base += rm.rows_per_group) {
     float part[kRows];
@@ -386,9 +389,18 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
       load_ring_x(next);
       load_window_x(next);
     }
-    const float y = row_sum_values<kRows>(part, lane, lanes);
-    const int row = rm.row(base, lane / per_value);
-    if (lane % per_value == 0 && row < p1) store_scalar(p.y, p.y_dtype, y0 + row, y);
+    if constexpr (kRows == 5) {
+      float y_fifth;
+      const float y = row_sum_values(part, lane, lanes, y_fifth);
+      const int row = rm.row(base, lane / (lanes / 4)), fifth = rm.row(base, 4);
+      if (lane % (lanes / 4) == 0 && row < p1) store_scalar(p.y, p.y_dtype, y0 + row, y);
+      if (lane == 0 && fifth < p1) store_scalar(p.y, p.y_dtype, y0 + fifth, y_fifth);
+    } else {
+      const int per_value = lanes / kRows;  // lanes holding each row's sum
+      const float y = row_sum_values<kRows>(part, lane, lanes);
+      const int row = rm.row(base, lane / per_value);
+      if (lane % per_value == 0 && row < p1) store_scalar(p.y, p.y_dtype, y0 + row, y);
+    }
   }
   if (folded)
     finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before,
