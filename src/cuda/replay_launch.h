@@ -28,10 +28,16 @@ struct LaunchConfig {
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
 // the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
 // heads in one block took nemotron-h-8b at batch 64 from 67.7 to 61.1 us (separate-fp8; H200,
-// bench/results/2026-11-30-h200-session6.md).
+// bench/results/2026-11-30-h200-session6.md). At W > 1 a grid of 4 blocks per SM on 7/8 of the
+// SMs counts as 4 per SM: 512 blocks on the H200's 132 SMs (one wave of 4 on 128 of them) run
+// once where 1024 ran as two waves of one block's chain each (session 33, nemotron-h-8b, same
+// call: batch 8, 2 heads per block instead of 1, W = 4 / 8 separate-fp8 -20 / -22%, shared-fp8
+// -22 / -25%; batch 16, 4 instead of 2, -14 / -11% and -18 / -14%;
+// bench/results/2026-12-03-h200-session33.md).
 inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_count) {
   const int per_group = H / G;
-  const int min_blocks = (tokens == 1 ? 2 : 4) * sm_count;
+  const int64_t min_blocks =
+      tokens == 1 ? 2 * int64_t(sm_count) : (4 * int64_t(sm_count) * 7 + 7) / 8;
   for (int d = per_group; d > 1; --d)
     if (per_group % d == 0 && int64_t(batch) * H / d >= min_blocks) return d;
   return 1;
