@@ -256,7 +256,8 @@ class CudaBackend final : public CacheBackend {
     ReplayParams p = token_params(batch);
     p.commit_window = commit_window;
     p.list_flushes = true;
-    p.heads_per_block = cuda::verify_heads_per_block(p.batch, p.H, p.G, p.tokens, sm_count_);
+    p.heads_per_block = cuda::verify_heads_per_block(p.batch, p.H, p.G, p.tokens, sm_count_,
+                                                     cuda::has_direct_readout(config_.mode));
     const bool one_launch = cuda::verify_in_one_launch(p, config_.mode);
     // small_verify_kernel folds the entries that flush itself: nothing to list for flush_kernel.
     const bool small_window = cuda::verify_small_window(p, sm_count_);

@@ -28,16 +28,20 @@ struct LaunchConfig {
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
 // the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
 // heads in one block took nemotron-h-8b at batch 64 from 67.7 to 61.1 us (separate-fp8; H200,
-// bench/results/2026-11-30-h200-session6.md). At W > 1 a grid of 4 blocks per SM on 7/8 of the
-// SMs counts as 4 per SM: 512 blocks on the H200's 132 SMs (one wave of 4 on 128 of them) run
-// once where 1024 ran as two waves of one block's chain each (session 33, nemotron-h-8b, same
-// call: batch 8, 2 heads per block instead of 1, W = 4 / 8 separate-fp8 -20 / -22%, shared-fp8
-// -22 / -25%; batch 16, 4 instead of 2, -14 / -11% and -18 / -14%;
-// bench/results/2026-12-03-h200-session33.md).
-inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_count) {
+// bench/results/2026-11-30-h200-session6.md). In the modes read out on the tensor cores
+// (has_direct_readout) a grid of 4 blocks per SM on 7/8 of the SMs counts as 4 per SM at W > 1:
+// 512 blocks on the H200's 132 SMs (one wave of 4 on 128 of them) run once where 1024 ran as two
+// waves of one block's chain (session 33, nemotron-h-8b, against the former rule in the same
+// call: batch 8, 2 heads per block instead of 1, W = 4 / 8 -18 to -22% / -19 to -25% in the three
+// 8/4-bit modes; batch 16, 4 instead of 2, -10 to -18% / -9 to -15%; batch 32 -4 to -12%; batch
+// 64 -0.7 to -6%, separate-fp8 W = 8 +0.6%; bench/results/2026-12-03-h200-session33.md). The fp32
+// mode lost 4-14% with it at batch 16 and 32 (its FMA readout walks the block's heads one after
+// another) and keeps 4 per SM.
+inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_count,
+                                  bool direct_readout) {
   const int per_group = H / G;
-  const int64_t min_blocks =
-      tokens == 1 ? 2 * int64_t(sm_count) : (4 * int64_t(sm_count) * 7 + 7) / 8;
+  const int64_t full = (tokens == 1 ? 2 : 4) * int64_t(sm_count);
+  const int64_t min_blocks = tokens > 1 && direct_readout ? (full * 7 + 7) / 8 : full;
   for (int d = per_group; d > 1; --d)
     if (per_group % d == 0 && int64_t(batch) * H / d >= min_blocks) return d;
   return 1;
