@@ -1,0 +1,136 @@
+// The host rules that pick each step's kernels and grids (cuda/replay_launch.h), on a device of
+// the H200's 132 SMs, for every model preset, batch, window and mode: the invariants the kernels
+// rely on (a verify block's heads divide its group's, a split head's rows stay whole row groups,
+// a one-launch grid stays the wave it is sized for, five rows per thread only where a head is
+// exactly five row passes), and the choices the results files measured for the presets the
+// benchmarks use. Host code only: it needs nvcc to compile (the headers hold the kernels) but no
+// GPU to run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "cuda/replay_launch.h"
+#include "replayssm/presets.h"
+
+namespace replayssm::cuda {
+namespace {
+
+constexpr int kSms = 132;  // NVIDIA H200
+constexpr Mode kModes[] = {Mode::fp32,         Mode::bf16,          Mode::fp16,
+                           Mode::fp16_sr,      Mode::shared_fp8,    Mode::shared_int8,
+                           Mode::separate_fp8, Mode::separate_nvfp4};
+
+ReplayParams step_params(const SsmShape& s, int batch, int window, int history = 16) {
+  ReplayParams p{};
+  p.batch = batch;
+  p.tokens = window;
+  p.H = s.nheads;
+  p.P = s.headdim;
+  p.N = s.dstate;
+  p.G = s.ngroups;
+  p.L = history;
+  p.lanes_per_row = s.dstate / 8;
+  return p;
+}
+
+int heads_per_block(const SsmShape& s, int batch, int window, Mode mode) {
+  return verify_heads_per_block(batch, s.nheads, s.ngroups, window, kSms, has_direct_readout(mode));
+}
+
+TEST(LaunchRules, InvariantsOverEveryPresetBatchWindowAndMode) {
+  for (const ModelPreset& preset : model_presets()) {
+    const SsmShape& s = preset.shape;
+    for (int batch : {1, 2, 3, 4, 5, 8, 16, 32, 64, 256, 512}) {
+      for (int window : {1, 2, 4, 8}) {
+        for (Mode mode : kModes) {
+          SCOPED_TRACE(::testing::Message() << preset.name << " batch " << batch << " W " << window
+                                            << " " << mode_name(mode));
+          const ReplayParams p = step_params(s, batch, window);
+          const int per_group = s.nheads / s.ngroups;
+          const int d = heads_per_block(s, batch, window, mode);
+          EXPECT_TRUE(d >= 1 && d <= per_group && per_group % d == 0) << d;
+          if (window == 1) {
+            const int threads = small_step_threads(p, kSms);
+            const int split = small_step_split_log2(p, kSms, mode);
+            ASSERT_GE(split, 0);
+            if (split > 0) {  // whole row groups of the wide block, one wave at two per SM
+              const int group =
+                  threads / p.lanes_per_row *
+                  std::max(small_step_rows(mode, threads), small_step_fold_rows(mode, threads));
+              EXPECT_EQ(threads, kSmallStepWideThreads);
+              EXPECT_EQ(p.P % (group << split), 0);
+              EXPECT_LE((int64_t(batch) * s.nheads) << split, 2 * kSms);
+            }
+            if (small_step_five_rows(p, kSms, mode)) {
+              EXPECT_EQ(threads, kSmallStepWideThreads);
+              EXPECT_EQ(split, 0);
+              EXPECT_EQ(p.P, 5 * (kSmallStepWideThreads / p.lanes_per_row));
+            }
+          } else {
+            const int split = small_verify_split_log2(p, kSms);
+            const int group = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;
+            if (split >= 0) {  // one wave of one block per SM, at most two row groups a block
+              EXPECT_LE((int64_t(batch) * s.nheads) << split, kSms);
+              EXPECT_LE(p.P >> split, 2 * group);
+              if (split > 0) EXPECT_EQ(p.P % (group << split), 0);
+            }
+            EXPECT_EQ(verify_small_window(p, kSms), split >= 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+// nemotron-h-8b (128 heads, 16 per group): the verify grid's heads per block
+// (bench/results/2026-12-03-h200-session33.md: at W > 1 in the 8/4-bit modes one wave of 512
+// blocks from batch 8 on; fp32's FMA readout keeps 4 blocks per SM on every SM).
+TEST(LaunchRules, NemotronH8bVerifyHeadsPerBlock) {
+  const SsmShape s = find_preset("nemotron-h-8b").shape;
+  struct Case {
+    int batch, window;
+    Mode mode;
+    int heads;
+  };
+  for (const Case& c :
+       {Case{1, 8, Mode::separate_fp8, 1}, Case{4, 8, Mode::separate_fp8, 1},
+        Case{8, 4, Mode::separate_fp8, 2}, Case{8, 8, Mode::shared_fp8, 2},
+        Case{8, 8, Mode::fp32, 1}, Case{16, 8, Mode::separate_nvfp4, 4}, Case{16, 8, Mode::fp32, 2},
+        Case{32, 4, Mode::separate_fp8, 8}, Case{64, 8, Mode::separate_fp8, 16},
+        Case{64, 8, Mode::fp32, 8}, Case{256, 8, Mode::separate_fp8, 16},
+        Case{64, 1, Mode::separate_fp8, 16}, Case{8, 1, Mode::separate_fp8, 2}})
+    EXPECT_EQ(heads_per_block(s, c.batch, c.window, c.mode), c.heads)
+        << "batch " << c.batch << " W " << c.window << " " << mode_name(c.mode);
+}
+
+// Which one-launch kernel a small batch's step takes, and how its heads split.
+TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
+  const SsmShape h8b = find_preset("nemotron-h-8b").shape;
+  const SsmShape nano = find_preset("nemotron3-nano-4b").shape;
+  const SsmShape falcon = find_preset("falcon-h1-7b").shape;
+  const Mode m = Mode::separate_fp8;
+  // Decode steps: 256-thread blocks while (entry, head) pairs fit one wave at two per SM.
+  EXPECT_EQ(small_step_threads(step_params(h8b, 2, 1), kSms), kSmallStepWideThreads);
+  EXPECT_EQ(small_step_threads(step_params(h8b, 3, 1), kSms), kSmallStepThreads);
+  // nemotron3-nano-4b's 80 rows: five row passes of the wide block at batches 1 and 2.
+  EXPECT_TRUE(small_step_five_rows(step_params(nano, 1, 1), kSms, m));
+  EXPECT_TRUE(small_step_five_rows(step_params(nano, 2, 1), kSms, m));
+  EXPECT_FALSE(small_step_five_rows(step_params(nano, 3, 1), kSms, m));
+  EXPECT_FALSE(small_step_five_rows(step_params(h8b, 1, 1), kSms, m));
+  // falcon-h1-7b's 24 heads of 128 rows: 4 blocks of 32 rows per head at batches 1 and 2.
+  EXPECT_EQ(small_step_split_log2(step_params(falcon, 1, 1), kSms, m), 2);
+  EXPECT_EQ(small_step_split_log2(step_params(falcon, 2, 1), kSms, m), 2);
+  EXPECT_EQ(small_step_split_log2(step_params(h8b, 1, 1), kSms, m), 0);
+  // Speculative verifies in one launch: batch 1 of nemotron-h-8b and nemotron3-nano-4b (a block
+  // per head), falcon-h1-7b at batch 1 (4 blocks per head) and 2 (2 blocks); not nemotron-h-8b's
+  // batch 2, whose blocks would be two waves.
+  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 1, 8), kSms), 0);
+  EXPECT_EQ(small_verify_split_log2(step_params(nano, 1, 4), kSms), 0);
+  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 2, 8), kSms), -1);
+  EXPECT_EQ(small_verify_split_log2(step_params(falcon, 1, 8), kSms), 2);
+  EXPECT_EQ(small_verify_split_log2(step_params(falcon, 2, 8), kSms), 1);
+  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 1, 1), kSms), -1);  // W = 1: small_step
+}
+
+}  // namespace
+}  // namespace replayssm::cuda
