@@ -118,17 +118,25 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
     if (p.small_window) {  // W > 1: blocks of one head or a split of one after validate_tokens
+      const SmallVerifyShape shape = small_verify_shape(p, lc.sm_count);
       ReplayParams q = p;
-      q.step_split_log2 = small_verify_split_log2(p, lc.sm_count);
-      auto run_small = [&](auto kernel) {
+      q.step_split_log2 = shape.split_log2;
+      auto run_small = [&]<int kThreads>() {
         const size_t smem =
             small_verify_smem(p.L, p.N, p.P, p.tokens, int(sizeof(ActT)), p.P >> q.step_split_log2);
-        allow_dynamic_smem(kernel, smem);
-        launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch),
-               kSmallVerifyThreads, smem, q);
+        auto go = [&](auto kernel) {
+          allow_dynamic_smem(kernel, smem);
+          launch(lc, kernel, dim3((p.H / p.G) << q.step_split_log2, p.G, p.batch), kThreads, smem,
+                 q);
+        };
+        if (q.step_split_log2 > 0) return go(small_verify_kernel<kMode, ActT, true, kThreads>);
+        go(small_verify_kernel<kMode, ActT, false, kThreads>);
       };
-      if (q.step_split_log2 > 0) return run_small(small_verify_kernel<kMode, ActT, true>);
-      return run_small(small_verify_kernel<kMode, ActT>);
+      if (shape.threads == kSmallVerifyThreads / 2)
+        return run_small.template operator()<kSmallVerifyThreads / 2>();
+      if (shape.threads == kSmallVerifyThreads / 4)
+        return run_small.template operator()<kSmallVerifyThreads / 4>();
+      return run_small.template operator()<kSmallVerifyThreads>();
     }
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
@@ -227,7 +235,11 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
     }
     // The largest window a cache may verify is L / 2 (SPEC 4).
     for (const auto kernel :
-         {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>})
+         {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>,
+          small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 2>,
+          small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 2>,
+          small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 4>,
+          small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 4>})
       load_kernel(kernel, small_verify_smem(L, N, P, L / 2, int(sizeof(ActT)), P));
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/replay_kernels.cuh"
 
@@ -24,6 +25,12 @@ struct LaunchConfig {
   bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
                               // before them in the stream (cuda_common.cuh)
 };
+
+// Experiment knobs (s34, not for landing).
+inline int env_knob(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
 
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
 // the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
@@ -62,8 +69,12 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
 // keep it.
 inline constexpr int kOneLaunchMaxBatch = 8;
 inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
-  return p.tokens == 1 && p.batch <= kOneLaunchMaxBatch &&
-         (p.heads_per_block == 1 || !has_direct_readout(mode));
+  // Experiment knobs (s34): REPLAYSSM_ONE_LAUNCH_MAX, REPLAYSSM_ONE_LAUNCH_DIRECT (1: the 8/4-bit
+  // modes take the one launch up to that batch too).
+  static const int max_batch = env_knob("REPLAYSSM_ONE_LAUNCH_MAX", kOneLaunchMaxBatch);
+  static const bool direct_too = env_knob("REPLAYSSM_ONE_LAUNCH_DIRECT", 0) != 0;
+  return p.tokens == 1 && p.batch <= max_batch &&
+         (p.heads_per_block == 1 || direct_too || !has_direct_readout(mode));
 }
 
 // The block size of a step in one launch (small_step_kernel): 256 threads where its (entry,
@@ -126,15 +137,28 @@ inline bool small_step_five_rows(const ReplayParams& p, int sm_count, Mode mode)
 // as long as the blocks stay one wave; a split head whose blocks hold two row groups or fewer
 // runs there too (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch
 // 2). -1: the step takes the three launches.
-inline int small_verify_split_log2(const ReplayParams& p, int sm_count) {
-  if (p.tokens == 1) return -1;
-  const int group = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;  // rows
+struct SmallVerifyShape {
+  int threads = 0;      // 0: the step takes the three launches
+  int split_log2 = -1;  // blocks per head, log2
+};
+inline SmallVerifyShape small_verify_shape(const ReplayParams& p, int sm_count) {
+  if (p.tokens == 1) return {};
+  static const int min_threads = env_knob("REPLAYSSM_SV_MIN_THREADS", kSmallVerifyThreads);
+  static const int max_groups = env_knob("REPLAYSSM_SV_MAX_GROUPS", 2);
   const int64_t pairs = int64_t(p.batch) * p.H;
-  const int s = head_split_log2(p.P, group, pairs, sm_count);
-  return (pairs << s) <= sm_count && (p.P >> s) <= 2 * group ? s : -1;
+  for (int threads = kSmallVerifyThreads; threads >= min_threads; threads /= 2) {
+    const int64_t capacity = int64_t(kSmallVerifyThreads / threads) * sm_count;
+    const int group = kSmallVerifyRows * threads / p.lanes_per_row;  // rows
+    const int s = head_split_log2(p.P, group, pairs, capacity);
+    if ((pairs << s) <= capacity && (p.P >> s) <= max_groups * group) return {threads, s};
+  }
+  return {};
+}
+inline int small_verify_split_log2(const ReplayParams& p, int sm_count) {
+  return small_verify_shape(p, sm_count).split_log2;
 }
 inline bool verify_small_window(const ReplayParams& p, int sm_count) {
-  return small_verify_split_log2(p, sm_count) >= 0;
+  return small_verify_shape(p, sm_count).threads > 0;
 }
 
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM

@@ -92,14 +92,16 @@ __host__ __device__ inline size_t small_verify_staging_offset(int L, int N, int 
   return (FoldSmem::bytes(L, N, P) + 15) / 16 * 16;
 }
 
-// Grid ((H / G) << p.step_split_log2, G, batch) of kSmallVerifyThreads: block (x, g, b) takes
+// Grid ((H / G) << p.step_split_log2, G, batch) of kThreads: block (x, g, b) takes
 // entry b's head g H / G + (x >> p.step_split_log2), all its rows or (kSplit) one split of them:
 // rows [p0, p0 + R), whole row groups (small_verify_split_log2). A split block stages, folds,
 // appends and reads out its rows only; B_k . C_j and the weights are every block's.
 // Launched dependent on validate_tokens, which lets it start only once every grid before
 // validate_tokens is complete.
-template <Mode kMode, typename ActT, bool kSplit = false>
-__global__ void __launch_bounds__(kSmallVerifyThreads, 1)
+// kThreads: kSmallVerifyThreads at one block per SM, or a half or a quarter of it at two or four
+// (small_verify_shape), the same registers per thread.
+template <Mode kMode, typename ActT, bool kSplit = false, int kThreads = kSmallVerifyThreads>
+__global__ void __launch_bounds__(kThreads, kSmallVerifyThreads / kThreads)
     small_verify_kernel(const ReplayParams p) {
   constexpr int kRows = kSmallVerifyRows;
   constexpr int kAct = int(sizeof(ActT));
