@@ -525,18 +525,22 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
   for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})
     check_steps_against_cpu({4, 40, 256, 1}, 1, mode, 20, decode, false, DType::f32);
   // Batches of 5 to 8 whose chained verify blocks would hold two heads (128 heads on a 132-SM
-  // H200): the 16/32-bit modes take small_step_kernel there too.
-  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})
-    check_steps_against_cpu({128, 16, 64, 8}, 6, mode, 20, decode, false);
+  // H200): every mode takes small_step_kernel there too, the 8/4-bit ones because the head is
+  // one row group of the 128-thread block (verify_in_one_launch).
+  for (Mode mode : kAllModes) check_steps_against_cpu({128, 16, 64, 8}, 6, mode, 20, decode, false);
+  check_steps_against_cpu({128, 16, 128, 8}, 5, Mode::separate_fp8, 20, decode, false);
 }
 
-// Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of batches 1 to 8 whose entries x
-// heads fit one block per SM (verify_small_window), each validate_tokens and one launch of
-// small_verify_kernel (a block per entry and head, staging the ring and the window, folding its
-// head where the entry flushes, W outputs per row), across several flushes: every mode, dstate
-// 64, 128 and 256, headdim up to 128 (the most one block holds at dstate 64) and 80 at dstate 128
-// (two row groups), history 32, fp16 and fp32 activations; and headdim 144 at dstate 128, more
-// rows than two groups, through the chained path at batch 1.
+// Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of small batches whose entries x
+// heads fit one wave of small_verify_kernel's blocks (verify_small_window, on a GPU of 132 SMs),
+// each validate_tokens and one launch of it (a block per entry and head, staging the ring and
+// the window, folding its head where the entry flushes, W outputs per row), across several
+// flushes: every mode, dstate 64, 128 and 256, headdim up to 128 (the most one block holds at
+// dstate 64) and 80 at dstate 128 (two row groups), history 32, fp16 and fp32 activations; and
+// headdim 144 at dstate 128, more rows than two groups, through the chained path at batch 1.
+// Blocks of 512 threads where the pairs fit one per SM, else 256 at two per SM (192 pairs: two
+// row groups of 32 rows; 160 pairs of 80 rows: three), else 128 at four in the 16/32-bit modes
+// (320 pairs: four row groups of 16 rows), which the 8/4-bit modes leave to the chained path.
 TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
@@ -552,14 +556,23 @@ TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   check_steps_against_cpu({8, 16, 64, 2}, 8, Mode::shared_int8, 24, speculative, false);
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 16, speculative, false, act);
+  for (Mode mode : kAllModes)
+    check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 16, speculative, false);  // 256 threads
+  for (Mode mode : {Mode::separate_fp8, Mode::separate_nvfp4, Mode::bf16})
+    check_steps_against_cpu({4, 80, 128, 2}, 40, mode, 12, speculative, false);  // 3 groups
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::fp16_sr, Mode::separate_fp8})
+    check_steps_against_cpu({8, 64, 128, 2}, 40, mode, 12, speculative, false);  // 128 / chained
+  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_fp8, 12, speculative, false,
+                          DType::f32);
 }
 
 // The same with heads of several whole row groups split over several blocks
-// (small_verify_split_log2, on a GPU of 132 SMs): 4 heads of 128 rows at dstate 256 over 4
+// (small_verify_shape, on a GPU of 132 SMs): 4 heads of 128 rows at dstate 256 over 4
 // blocks of one row group each at batches 1 and 3 (falcon-h1-7b's head; 2 blocks of two groups
-// at batch 12), 64 rows over 2 blocks, and 128 rows at dstate 128 over 2 blocks with fp32
-// activations. Each block folds its rows where the entry flushes, and the entry's last block
-// then appends the window's delta.
+// at batch 12; at batch 20, 2 blocks of 256 threads and four groups in the 16/32-bit modes), 64
+// rows over 2 blocks, and 128 rows at dstate 128 over 2 blocks with fp32 activations. Each block
+// folds its rows where the entry flushes, and the entry's last block then appends the window's
+// delta.
 TEST(CudaBackend, SmallBatchVerifySplitHeadsMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
@@ -571,6 +584,8 @@ TEST(CudaBackend, SmallBatchVerifySplitHeadsMatchesCpu) {
     check_steps_against_cpu({4, 64, 256, 1}, 2, mode, 16, speculative, false);
     check_steps_against_cpu({4, 128, 128, 2}, 2, mode, 16, speculative, false, DType::f32);
   }
+  for (Mode mode : {Mode::fp32, Mode::bf16, Mode::fp16_sr})
+    check_steps_against_cpu({4, 128, 256, 1}, 20, mode, 12, speculative, false);
 }
 
 // Decode steps (W = 1) of batches above the one-launch limit, and verify steps, whose 8-bit and
@@ -598,14 +613,15 @@ TEST(CudaBackend, DirectReadoutSpeculativeMatchesCpu) {
   // cores' window, 5 to 8 the kW = 8 one; with bf16 activations the ring term on the tensor cores
   // in the walk), the accepted counts spreading the slots' phases. fp16 activations: the ring
   // term on the CUDA cores at W <= 4 and the staged readout above.
-  // (Batches whose entries x heads exceed the SM count: smaller ones take small_verify_kernel.)
+  // (Batches whose entries x heads exceed two blocks per SM: smaller ones take
+  // small_verify_kernel.)
   for (Mode mode : kCodeReadModes) {
-    check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 24, speculative, false);
-    check_steps_against_cpu({4, 32, 256, 1}, 40, mode, 16, speculative, false);
+    check_steps_against_cpu({8, 64, 128, 2}, 40, mode, 24, speculative, false);
+    check_steps_against_cpu({4, 32, 256, 1}, 80, mode, 16, speculative, false);
   }
-  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::separate_fp8, 16, speculative, false,
+  check_steps_against_cpu({8, 64, 128, 2}, 40, Mode::separate_fp8, 16, speculative, false,
                           DType::f16);
-  check_steps_against_cpu({8, 64, 128, 2}, 24, Mode::shared_int8, 16, speculative, false,
+  check_steps_against_cpu({8, 64, 128, 2}, 40, Mode::shared_int8, 16, speculative, false,
                           DType::f32);
 }
 

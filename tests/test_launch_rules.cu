@@ -67,14 +67,18 @@ TEST(LaunchRules, InvariantsOverEveryPresetBatchWindowAndMode) {
               EXPECT_EQ(p.P, 5 * (kSmallStepWideThreads / p.lanes_per_row));
             }
           } else {
-            const int split = small_verify_split_log2(p, kSms);
-            const int group = kSmallVerifyRows * kSmallVerifyThreads / p.lanes_per_row;
-            if (split >= 0) {  // one wave of one block per SM, at most two row groups a block
-              EXPECT_LE((int64_t(batch) * s.nheads) << split, kSms);
-              EXPECT_LE(p.P >> split, 2 * group);
-              if (split > 0) EXPECT_EQ(p.P % (group << split), 0);
+            const bool direct = has_direct_readout(mode);
+            const SmallVerifyShape sv = small_verify_shape(p, kSms, direct);
+            if (sv.threads > 0) {  // one wave, whole row groups, two to four of them a block
+              const int per_sm = kSmallVerifyThreads / sv.threads;
+              const int group = kSmallVerifyRows * sv.threads / p.lanes_per_row;
+              EXPECT_TRUE(per_sm == 1 || per_sm == 2 || (per_sm == 4 && !direct)) << sv.threads;
+              EXPECT_GE(sv.split_log2, 0);
+              EXPECT_LE((int64_t(batch) * s.nheads) << sv.split_log2, per_sm * kSms);
+              EXPECT_LE(p.P >> sv.split_log2, (per_sm == 1 ? 2 : direct ? 3 : 4) * group);
+              if (sv.split_log2 > 0) EXPECT_EQ(p.P % (group << sv.split_log2), 0);
             }
-            EXPECT_EQ(verify_small_window(p, kSms), split >= 0);
+            EXPECT_EQ(verify_small_window(p, kSms, mode), sv.threads > 0);
           }
         }
       }
@@ -122,14 +126,43 @@ TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
   EXPECT_EQ(small_step_split_log2(step_params(falcon, 2, 1), kSms, m), 2);
   EXPECT_EQ(small_step_split_log2(step_params(h8b, 1, 1), kSms, m), 0);
   // Speculative verifies in one launch: batch 1 of nemotron-h-8b and nemotron3-nano-4b (a block
-  // per head), falcon-h1-7b at batch 1 (4 blocks per head) and 2 (2 blocks); not nemotron-h-8b's
-  // batch 2, whose blocks would be two waves.
-  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 1, 8), kSms), 0);
-  EXPECT_EQ(small_verify_split_log2(step_params(nano, 1, 4), kSms), 0);
-  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 2, 8), kSms), -1);
-  EXPECT_EQ(small_verify_split_log2(step_params(falcon, 1, 8), kSms), 2);
-  EXPECT_EQ(small_verify_split_log2(step_params(falcon, 2, 8), kSms), 1);
-  EXPECT_EQ(small_verify_split_log2(step_params(h8b, 1, 1), kSms), -1);  // W = 1: small_step
+  // per head), falcon-h1-7b at batch 1 (4 blocks per head) and 2 (2 blocks); nemotron-h-8b's
+  // batch 2 and nemotron3-nano-4b's in 256-thread blocks; batches 3 and 4 of nemotron-h-8b in
+  // 128-thread blocks in the 16/32-bit modes only.
+  auto sv = [&](const SsmShape& s, int batch, int window, Mode mode) {
+    return small_verify_shape(step_params(s, batch, window), kSms, has_direct_readout(mode));
+  };
+  auto expect_sv = [&](const SsmShape& s, int batch, int window, Mode mode, int threads,
+                       int split) {
+    const SmallVerifyShape got = sv(s, batch, window, mode);
+    EXPECT_EQ(got.threads, threads)
+        << "batch " << batch << " W " << window << " " << mode_name(mode);
+    if (threads > 0) EXPECT_EQ(got.split_log2, split) << "batch " << batch;
+  };
+  expect_sv(h8b, 1, 8, m, 512, 0);
+  expect_sv(nano, 1, 4, m, 512, 0);
+  expect_sv(h8b, 2, 8, m, 256, 0);
+  expect_sv(nano, 2, 8, m, 256, 0);
+  expect_sv(h8b, 3, 4, m, 0, 0);
+  expect_sv(h8b, 4, 8, Mode::bf16, 128, 0);
+  expect_sv(h8b, 5, 8, Mode::bf16, 0, 0);
+  expect_sv(falcon, 1, 8, m, 512, 2);
+  expect_sv(falcon, 2, 8, m, 512, 1);
+  expect_sv(falcon, 3, 8, m, 0, 0);
+  expect_sv(falcon, 3, 8, Mode::fp32, 256, 1);
+  expect_sv(h8b, 1, 1, m, 0, 0);  // W = 1: small_step
+  // Decode steps in one launch up to batch 8, in the 8/4-bit modes too where the head is one row
+  // group of the 128-thread block (nemotron-h-8b: 64 rows; not nemotron3-nano-4b's 80).
+  auto one_launch = [&](const SsmShape& s, int batch, Mode mode) {
+    ReplayParams p = step_params(s, batch, 1);
+    p.heads_per_block = heads_per_block(s, batch, 1, mode);
+    return verify_in_one_launch(p, mode, kSms);
+  };
+  EXPECT_TRUE(one_launch(h8b, 8, m));
+  EXPECT_TRUE(one_launch(h8b, 5, Mode::separate_nvfp4));
+  EXPECT_FALSE(one_launch(h8b, 9, m));
+  EXPECT_FALSE(one_launch(nano, 8, m));
+  EXPECT_TRUE(one_launch(nano, 8, Mode::bf16));
 }
 
 }  // namespace

@@ -258,9 +258,9 @@ class CudaBackend final : public CacheBackend {
     p.list_flushes = true;
     p.heads_per_block = cuda::verify_heads_per_block(p.batch, p.H, p.G, p.tokens, sm_count_,
                                                      cuda::has_direct_readout(config_.mode));
-    const bool one_launch = cuda::verify_in_one_launch(p, config_.mode);
+    const bool one_launch = cuda::verify_in_one_launch(p, config_.mode, sm_count_);
     // small_verify_kernel folds the entries that flush itself: nothing to list for flush_kernel.
-    const bool small_window = cuda::verify_small_window(p, sm_count_);
+    const bool small_window = cuda::verify_small_window(p, sm_count_, config_.mode);
     p.small_window = small_window;
     if (small_window) p.list_flushes = false;
     const cuda::LaunchConfig lc = launch_config();

@@ -107,7 +107,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   // (chunk, group, entry): the kernel reads its coordinates without dividing, in the linear
   // order of one block per (entry, group, chunk).
   const dim3 blocks(p.H / p.G / p.heads_per_block, p.G, p.batch);
-  const bool one_launch = verify_in_one_launch(p, kMode);
+  const bool one_launch = verify_in_one_launch(p, kMode, lc.sm_count);
   auto run_with = [&](auto kernel, size_t smem) {
     allow_dynamic_smem(kernel, smem);
     launch(lc, kernel, blocks, kVerifyThreads, smem, p);
@@ -118,7 +118,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
     if (p.small_window) {  // W > 1: blocks of one head or a split of one after validate_tokens
-      const SmallVerifyShape shape = small_verify_shape(p, lc.sm_count);
+      const SmallVerifyShape shape = small_verify_shape(p, lc.sm_count, has_direct_readout(kMode));
       ReplayParams q = p;
       q.step_split_log2 = shape.split_log2;
       auto run_small = [&]<int kThreads>() {
@@ -132,11 +132,16 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         if (q.step_split_log2 > 0) return go(small_verify_kernel<kMode, ActT, true, kThreads>);
         go(small_verify_kernel<kMode, ActT, false, kThreads>);
       };
+      if (shape.threads == kSmallVerifyThreads)
+        return run_small.template operator()<kSmallVerifyThreads>();
       if (shape.threads == kSmallVerifyThreads / 2)
         return run_small.template operator()<kSmallVerifyThreads / 2>();
-      if (shape.threads == kSmallVerifyThreads / 4)
-        return run_small.template operator()<kSmallVerifyThreads / 4>();
-      return run_small.template operator()<kSmallVerifyThreads>();
+      // The 8/4-bit modes take 256 threads at least (small_verify_shape); not compiled for them.
+      check(!has_direct_readout(kMode) && shape.threads == kSmallVerifyThreads / 4,
+            "cuda backend: no small_verify_kernel of ", shape.threads, " threads in mode ",
+            mode_name(kMode));
+      if constexpr (!has_direct_readout(kMode))
+        run_small.template operator()<kSmallVerifyThreads / 4>();
     }
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
@@ -234,13 +239,16 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
     }
     // The largest window a cache may verify is L / 2 (SPEC 4).
+    const size_t smem_small = small_verify_smem(L, N, P, L / 2, int(sizeof(ActT)), P);
     for (const auto kernel :
          {small_verify_kernel<kMode, ActT>, small_verify_kernel<kMode, ActT, true>,
           small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 2>,
-          small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 2>,
-          small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 4>,
-          small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 4>})
-      load_kernel(kernel, small_verify_smem(L, N, P, L / 2, int(sizeof(ActT)), P));
+          small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 2>})
+      load_kernel(kernel, smem_small);
+    if constexpr (!has_direct_readout(kMode))
+      for (const auto kernel : {small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 4>,
+                                small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 4>})
+        load_kernel(kernel, smem_small);
     auto verify_kernels = [&]<int kEntries>() {
       using V = VerifyVariant;
       for (const auto kernel :

@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/replay_kernels.cuh"
 
@@ -25,12 +24,6 @@ struct LaunchConfig {
   bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
                               // before them in the stream (cuda_common.cuh)
 };
-
-// Experiment knobs (s34, not for landing).
-inline int env_knob(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
 // the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
@@ -54,6 +47,13 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
   return 1;
 }
 
+// The block size of a step in one launch (small_step_kernel): 256 threads where its (entry,
+// head) blocks fit one wave at two blocks per SM, else 128.
+inline int small_step_threads(const ReplayParams& p, int sm_count) {
+  return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? kSmallStepWideThreads
+                                                         : kSmallStepThreads;
+}
+
 // Autoregressive steps (W = 1) of small batches whose verify blocks would hold one head each run
 // as one launch of small_step_kernel (no validate_tokens, no flush_kernel before it): there a
 // step is bound by the latency of its chain of kernels and round trips (H200, separate-fp8 batch
@@ -61,27 +61,21 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
 // verify_kernel; small_step_kernel, session 27, 9.7 -> 8.5 us). With several heads per block a
 // flushing entry's blocks would fold their heads one after another while flush_kernel spreads them
 // over the GPU (batch 64: 61.0 -> 73.3 us), so larger batches keep three launches (windows above
-// 1: small_verify_kernel or three launches). In the 16/32-bit modes, whose chained readout has no
-// tensor-core form, batches up to kOneLaunchMaxBatch take the one launch even where the verify
-// blocks would hold two heads (nemotron-h-8b batch 5-8, 1024 blocks at batch 8: H200, session 28,
-// fp32 batch 5 22.8 -> 14.4 us, batch 8 26.6 -> 19.2, bf16 15.9 -> 13.5 and 18.2 -> 17.1); the
-// 8/4-bit modes gained 2-7% at batch 5 but lost 3-10% at batch 8 against their direct readout, and
-// keep it.
+// 1: small_verify_kernel or three launches). Up to kOneLaunchMaxBatch the one launch also serves
+// steps whose verify blocks would hold two heads: in the 16/32-bit modes, whose chained readout
+// has no tensor-core form (nemotron-h-8b batch 5-8, 1024 blocks at batch 8: H200, session 28, fp32
+// batch 5 22.8 -> 14.4 us, batch 8 26.6 -> 19.2, bf16 15.9 -> 13.5 and 18.2 -> 17.1), and in the
+// 8/4-bit modes where the head is one row group of the kernel's block, so that its loads go out
+// together (session 34, against the direct readout in the same call: nemotron-h-8b batch 5 -14
+// to -16%, 6 -8 to -12%, 8 -1 to -5%; mamba2-2.7b batch 8 -9 to -16%; nemotron3-nano-4b, whose 80
+// rows are two groups of the 128-thread block's 64, lost 7-20% at batch 8 and keeps the direct
+// readout; bench/results/2026-12-04-h200-session34.md).
 inline constexpr int kOneLaunchMaxBatch = 8;
-inline bool verify_in_one_launch(const ReplayParams& p, Mode mode) {
-  // Experiment knobs (s34): REPLAYSSM_ONE_LAUNCH_MAX, REPLAYSSM_ONE_LAUNCH_DIRECT (1: the 8/4-bit
-  // modes take the one launch up to that batch too).
-  static const int max_batch = env_knob("REPLAYSSM_ONE_LAUNCH_MAX", kOneLaunchMaxBatch);
-  static const bool direct_too = env_knob("REPLAYSSM_ONE_LAUNCH_DIRECT", 0) != 0;
-  return p.tokens == 1 && p.batch <= max_batch &&
-         (p.heads_per_block == 1 || direct_too || !has_direct_readout(mode));
-}
-
-// The block size of a step in one launch (small_step_kernel): 256 threads where its (entry,
-// head) blocks fit one wave at two blocks per SM, else 128.
-inline int small_step_threads(const ReplayParams& p, int sm_count) {
-  return int64_t(p.batch) * p.H <= 2 * int64_t(sm_count) ? kSmallStepWideThreads
-                                                         : kSmallStepThreads;
+inline bool verify_in_one_launch(const ReplayParams& p, Mode mode, int sm_count) {
+  if (p.tokens != 1 || p.batch > kOneLaunchMaxBatch) return false;
+  if (p.heads_per_block == 1 || !has_direct_readout(mode)) return true;
+  const int threads = small_step_threads(p, sm_count);
+  return p.P <= threads / p.lanes_per_row * small_step_rows(mode, threads);
 }
 
 // How many times (log2, at most kSmallStepMaxSplitLog2) a head of P rows halves over blocks
@@ -120,45 +114,48 @@ inline bool small_step_five_rows(const ReplayParams& p, int sm_count, Mode mode)
          p.P == 5 * (kSmallStepWideThreads / p.lanes_per_row);
 }
 
-// Speculative verifies (W > 1) whose (entry, head) pairs fit one wave of one block per SM and
-// whose heads fit two row groups of such a block (headdim <= 2 x 2 x 512 / (dstate / 8):
-// nemotron-h-8b, nemotron3-nano-4b and mamba2-2.7b at batch 1) run as validate_tokens and one
-// launch of small_verify_kernel (a block of 512 threads per entry and head, folding its own head
-// where the entry flushes) instead of validate_tokens, flush_kernel and verify_kernel: there the
-// step is a chain of launches and dependent round trips (H200, batch 1, against the three
-// launches, session 28: nemotron-h-8b W = 4 15.8-17.4 -> 10.3-10.8 us and W = 8 18.1-21.1 ->
-// 12.5-13.8 in every mode; mamba2-2.7b separate-fp8 15.6 / 18.1 -> 10.3 / 12.3;
-// nemotron3-nano-4b, headdim 80 in two row groups, 16.7 / 19.9 -> 12.5 / 16.5). Not elsewhere: at
-// batch 2 the blocks would be two waves, or with fewer threads slower than the chained path (128
-// threads at batch 2: W = 8 24.7 against 20.7 us), and larger heads fold too slowly in one block
-// each (falcon-h1-7b, 24 heads of 128 x 256: W = 8 36.1 against 22.7 us with the kernel's first
-// readout; bench/results/2026-12-02-h200-session28.md).
-// Heads of several whole row groups split over 2, 4 or 8 blocks (the log2 of which this returns)
-// as long as the blocks stay one wave; a split head whose blocks hold two row groups or fewer
-// runs there too (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch
-// 2). -1: the step takes the three launches.
+// Speculative verifies (W > 1) of small batches run as validate_tokens and one launch of
+// small_verify_kernel (a block per entry and head, folding its own head where the entry flushes)
+// instead of validate_tokens, flush_kernel and verify_kernel: there the step is a chain of
+// launches and dependent round trips. The block size is the largest whose (entry, head) blocks
+// fit one wave: 512 threads at one block per SM (H200, batch 1, against the three launches,
+// session 28: nemotron-h-8b W = 4 15.8-17.4 -> 10.3-10.8 us and W = 8 18.1-21.1 -> 12.5-13.8 in
+// every mode; mamba2-2.7b separate-fp8 15.6 / 18.1 -> 10.3 / 12.3; nemotron3-nano-4b, headdim 80
+// in two row groups, 16.7 / 19.9 -> 12.5 / 16.5), else 256 at two per SM or 128 at four, with the
+// same registers per thread and more rows each (session 34, against the three launches in the
+// same call, bench/results/2026-12-04-h200-session34.md: 256 threads at batch 2, nemotron-h-8b
+// W = 4 -28 to -32% in every mode measured, W = 8 -18 to -27%; nemotron3-nano-4b -21 to -31% /
+// -11 to -25%; mamba2-2.7b at batches 2 and 3 -17 to -30%. 128 threads at batches 3-6 took the
+// 16/32-bit modes 4-38% down (nemotron-h-8b fp32 batch 4 W = 4 29.9 -> 18.5 us), whose chained
+// readout has no tensor-core form, but the 8/4-bit modes up to 15% up at W = 8 (8 rows per
+// thread), so those stop at 256 threads).
+// A block holds at most two row groups (kSmallVerifyRows rows per thread each) at 512 threads,
+// where a block per SM has no other block's warps to hide its chains behind; three at 256 in the
+// 8/4-bit modes (nemotron3-nano-4b's 80 rows) and four otherwise (falcon-h1-7b at batch 3 in four
+// groups: bf16 -27 to -30%, separate-nvfp4 +2 / +24%).
+// Heads of several whole row groups split over 2, 4 or 8 blocks as long as the blocks stay one
+// wave (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch 2).
+// threads = 0: the step takes the three launches.
 struct SmallVerifyShape {
-  int threads = 0;      // 0: the step takes the three launches
+  int threads = 0;      // kSmallVerifyThreads, or a half or a quarter of it
   int split_log2 = -1;  // blocks per head, log2
 };
-inline SmallVerifyShape small_verify_shape(const ReplayParams& p, int sm_count) {
+inline SmallVerifyShape small_verify_shape(const ReplayParams& p, int sm_count,
+                                           bool direct_readout) {
   if (p.tokens == 1) return {};
-  static const int min_threads = env_knob("REPLAYSSM_SV_MIN_THREADS", kSmallVerifyThreads);
-  static const int max_groups = env_knob("REPLAYSSM_SV_MAX_GROUPS", 2);
   const int64_t pairs = int64_t(p.batch) * p.H;
+  const int min_threads = direct_readout ? kSmallVerifyThreads / 2 : kSmallVerifyThreads / 4;
   for (int threads = kSmallVerifyThreads; threads >= min_threads; threads /= 2) {
-    const int64_t capacity = int64_t(kSmallVerifyThreads / threads) * sm_count;
-    const int group = kSmallVerifyRows * threads / p.lanes_per_row;  // rows
+    const int64_t capacity = int64_t(kSmallVerifyThreads / threads) * sm_count;  // one wave
+    const int group = kSmallVerifyRows * threads / p.lanes_per_row;              // rows
+    const int max_groups = threads == kSmallVerifyThreads ? 2 : direct_readout ? 3 : 4;
     const int s = head_split_log2(p.P, group, pairs, capacity);
     if ((pairs << s) <= capacity && (p.P >> s) <= max_groups * group) return {threads, s};
   }
   return {};
 }
-inline int small_verify_split_log2(const ReplayParams& p, int sm_count) {
-  return small_verify_shape(p, sm_count).split_log2;
-}
-inline bool verify_small_window(const ReplayParams& p, int sm_count) {
-  return small_verify_shape(p, sm_count).threads > 0;
+inline bool verify_small_window(const ReplayParams& p, int sm_count, Mode mode) {
+  return small_verify_shape(p, sm_count, has_direct_readout(mode)).threads > 0;
 }
 
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
