@@ -538,9 +538,7 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
 // flushes: every mode, dstate 64, 128 and 256, headdim up to 128 (the most one block holds at
 // dstate 64) and 80 at dstate 128 (two row groups), history 32, fp16 and fp32 activations; and
 // headdim 144 at dstate 128, more rows than two groups, through the chained path at batch 1.
-// Blocks of 512 threads where the pairs fit one per SM, else 256 at two per SM (192 pairs: two
-// row groups of 32 rows; 160 pairs of 80 rows: three), else 128 at four in the 16/32-bit modes
-// (320 pairs: four row groups of 16 rows), which the 8/4-bit modes leave to the chained path.
+// Blocks of 512 threads, one per SM.
 TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto speculative = accept_up_to_eight;
@@ -556,6 +554,15 @@ TEST(CudaBackend, SmallBatchVerifyMatchesCpu) {
   check_steps_against_cpu({8, 16, 64, 2}, 8, Mode::shared_int8, 24, speculative, false);
   for (DType act : {DType::f16, DType::f32})
     check_steps_against_cpu({8, 64, 128, 2}, 4, Mode::separate_fp8, 16, speculative, false, act);
+}
+
+// The same where 512-thread blocks would be more than one wave: 256 threads at two blocks per SM
+// (192 pairs of two row groups of 32 rows; 160 pairs of 80 rows, three groups), else 128 at four
+// in the 16/32-bit modes (320 pairs: four row groups of 16 rows), which the 8/4-bit modes leave
+// to the chained path. Its own test, so that a sanitizer can run these block sizes alone.
+TEST(CudaBackend, SmallBatchVerifySmallBlocksMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto speculative = accept_up_to_eight;
   for (Mode mode : kAllModes)
     check_steps_against_cpu({8, 64, 128, 2}, 24, mode, 16, speculative, false);  // 256 threads
   for (Mode mode : {Mode::separate_fp8, Mode::separate_nvfp4, Mode::bf16})

@@ -137,11 +137,11 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
       if (shape.threads == kSmallVerifyThreads / 2)
         return run_small.template operator()<kSmallVerifyThreads / 2>();
       // The 8/4-bit modes take 256 threads at least (small_verify_shape); not compiled for them.
-      check(!has_direct_readout(kMode) && shape.threads == kSmallVerifyThreads / 4,
-            "cuda backend: no small_verify_kernel of ", shape.threads, " threads in mode ",
-            mode_name(kMode));
       if constexpr (!has_direct_readout(kMode))
-        run_small.template operator()<kSmallVerifyThreads / 4>();
+        if (shape.threads == kSmallVerifyThreads / 4)
+          return run_small.template operator()<kSmallVerifyThreads / 4>();
+      fail("cuda backend: no small_verify_kernel of ", shape.threads, " threads in mode ",
+           mode_name(kMode));
     }
     auto with_window = [&]<int kEntries>() {
       // Every chained step whose shape the direct readout is compiled for takes it.
