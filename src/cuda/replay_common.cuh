@@ -92,7 +92,7 @@ struct ReplayParams {
   ValidatedEntry* entries;
   int heads_per_block;  // verify_kernel: heads of one group per block
   // small_step_kernel, small_verify_kernel: each head's rows split over 2^this blocks
-  // (small_step_split_log2, small_verify_split_log2)
+  // (small_step_split_log2, small_verify_shape)
   int step_split_log2 = 0;
   // verify: small_verify_kernel serves the step (verify_small_window); validate_tokens then lets
   // it start at once (its own dependent launch: allow_dependent_launch at the top)

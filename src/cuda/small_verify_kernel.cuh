@@ -44,7 +44,8 @@ namespace replayssm::cuda {
 // the W-output readout are chains of dependent instructions per thread that 4 warps could not
 // hide (H200, batch 1 separate-fp8: 128 threads took W = 4 / W = 8 steps 14.9 / 20.1 us, 512
 // threads 13.2 / 17.4; bench/results/2026-12-02-h200-session28.md). One wave of such blocks is
-// batch x H x (blocks per head) <= the SM count (small_verify_split_log2).
+// batch x H x (blocks per head) <= the SM count; where that is exceeded, blocks of 256 or 128
+// threads at two or four per SM hold more rows per thread (small_verify_shape).
 inline constexpr int kSmallVerifyThreads = 512;
 inline constexpr int kSmallVerifyRows = 2;  // rows per thread (nemotron-h-8b: the head's 64 rows)
 
@@ -94,7 +95,7 @@ __host__ __device__ inline size_t small_verify_staging_offset(int L, int N, int 
 
 // Grid ((H / G) << p.step_split_log2, G, batch) of kThreads: block (x, g, b) takes
 // entry b's head g H / G + (x >> p.step_split_log2), all its rows or (kSplit) one split of them:
-// rows [p0, p0 + R), whole row groups (small_verify_split_log2). A split block stages, folds,
+// rows [p0, p0 + R), whole row groups (small_verify_shape). A split block stages, folds,
 // appends and reads out its rows only; B_k . C_j and the weights are every block's.
 // Launched dependent on validate_tokens, which lets it start only once every grid before
 // validate_tokens is complete.
