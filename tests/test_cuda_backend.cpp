@@ -626,6 +626,10 @@ TEST(CudaBackend, DirectReadoutSpeculativeMatchesCpu) {
     check_steps_against_cpu({8, 64, 128, 2}, 40, mode, 24, speculative, false);
     check_steps_against_cpu({4, 32, 256, 1}, 80, mode, 16, speculative, false);
   }
+  // 640 entries x heads, more than one wave of 4 blocks per SM: blocks of two heads
+  // (verify_heads_per_block).
+  for (Mode mode : kCodeReadModes)
+    check_steps_against_cpu({8, 64, 128, 2}, 80, mode, 10, speculative, false);
   check_steps_against_cpu({8, 64, 128, 2}, 40, Mode::separate_fp8, 16, speculative, false,
                           DType::f16);
   check_steps_against_cpu({8, 64, 128, 2}, 40, Mode::shared_int8, 16, speculative, false,

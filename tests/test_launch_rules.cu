@@ -88,7 +88,8 @@ TEST(LaunchRules, InvariantsOverEveryPresetBatchWindowAndMode) {
 
 // nemotron-h-8b (128 heads, 16 per group): the verify grid's heads per block
 // (bench/results/2026-12-03-h200-session33.md: at W > 1 in the 8/4-bit modes one wave of 512
-// blocks from batch 8 on; fp32's FMA readout keeps 4 blocks per SM on every SM).
+// blocks from batch 8 on, and two heads per block at batches 5-7, whose one-head blocks would be
+// more than one wave (session 34); fp32's FMA readout keeps 4 blocks per SM on every SM).
 TEST(LaunchRules, NemotronH8bVerifyHeadsPerBlock) {
   const SsmShape s = find_preset("nemotron-h-8b").shape;
   struct Case {
@@ -96,13 +97,14 @@ TEST(LaunchRules, NemotronH8bVerifyHeadsPerBlock) {
     Mode mode;
     int heads;
   };
-  for (const Case& c :
-       {Case{1, 8, Mode::separate_fp8, 1}, Case{4, 8, Mode::separate_fp8, 1},
-        Case{8, 4, Mode::separate_fp8, 2}, Case{8, 8, Mode::shared_fp8, 2},
-        Case{8, 8, Mode::fp32, 1}, Case{16, 8, Mode::separate_nvfp4, 4}, Case{16, 8, Mode::fp32, 2},
-        Case{32, 4, Mode::separate_fp8, 8}, Case{64, 8, Mode::separate_fp8, 16},
-        Case{64, 8, Mode::fp32, 8}, Case{256, 8, Mode::separate_fp8, 16},
-        Case{64, 1, Mode::separate_fp8, 16}, Case{8, 1, Mode::separate_fp8, 2}})
+  for (const Case& c : {Case{1, 8, Mode::separate_fp8, 1}, Case{4, 8, Mode::separate_fp8, 1},
+                        Case{8, 4, Mode::separate_fp8, 2}, Case{8, 8, Mode::shared_fp8, 2},
+                        Case{8, 8, Mode::fp32, 1}, Case{16, 8, Mode::separate_nvfp4, 4},
+                        Case{16, 8, Mode::fp32, 2}, Case{32, 4, Mode::separate_fp8, 8},
+                        Case{64, 8, Mode::separate_fp8, 16}, Case{64, 8, Mode::fp32, 8},
+                        Case{256, 8, Mode::separate_fp8, 16}, Case{64, 1, Mode::separate_fp8, 16},
+                        Case{8, 1, Mode::separate_fp8, 2}, Case{5, 4, Mode::separate_fp8, 2},
+                        Case{7, 8, Mode::separate_nvfp4, 2}, Case{5, 4, Mode::fp32, 1}})
     EXPECT_EQ(heads_per_block(s, c.batch, c.window, c.mode), c.heads)
         << "batch " << c.batch << " W " << c.window << " " << mode_name(c.mode);
 }

@@ -44,6 +44,14 @@ inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_co
   const int64_t min_blocks = tokens > 1 && direct_readout ? (full * 7 + 7) / 8 : full;
   for (int d = per_group; d > 1; --d)
     if (per_group % d == 0 && int64_t(batch) * H / d >= min_blocks) return d;
+  // Fewer blocks than that: one head per block, unless those blocks would be more than one wave
+  // of 4 per SM in the direct-readout modes at W > 1, which then take the fewest heads per block
+  // that make one wave (session 34, against one head per block in the same call: nemotron-h-8b
+  // batches 5-7 W = 4 -12.5 to -22%, W = 8 -18.5 to -27%; mamba2-2.7b batches 7-8 -7 to -26%;
+  // nemotron3-nano-4b batches 6 and 8 -8 to -26%; bench/results/2026-12-04-h200-session34.md).
+  if (tokens > 1 && direct_readout && int64_t(batch) * H > full)
+    for (int d = 2; d <= per_group; ++d)
+      if (per_group % d == 0 && int64_t(batch) * H / d <= full) return d;
   return 1;
 }
 
