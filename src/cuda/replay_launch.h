@@ -62,6 +62,13 @@ inline int small_step_threads(const ReplayParams& p, int sm_count) {
                                                          : kSmallStepThreads;
 }
 
+// Rows of one row group of small_step_kernel's block of `threads`: the readout's and the fold's,
+// whichever is larger.
+inline int small_step_group_rows(const ReplayParams& p, int threads, Mode mode) {
+  return threads / p.lanes_per_row *
+         std::max(small_step_rows(mode, threads), small_step_fold_rows(mode, threads));
+}
+
 // Autoregressive steps (W = 1) of small batches whose verify blocks would hold one head each run
 // as one launch of small_step_kernel (no validate_tokens, no flush_kernel before it): there a
 // step is bound by the latency of its chain of kernels and round trips (H200, separate-fp8 batch
@@ -82,8 +89,7 @@ inline constexpr int kOneLaunchMaxBatch = 8;
 inline bool verify_in_one_launch(const ReplayParams& p, Mode mode, int sm_count) {
   if (p.tokens != 1 || p.batch > kOneLaunchMaxBatch) return false;
   if (p.heads_per_block == 1 || !has_direct_readout(mode)) return true;
-  const int threads = small_step_threads(p, sm_count);
-  return p.P <= threads / p.lanes_per_row * small_step_rows(mode, threads);
+  return p.P <= small_step_group_rows(p, small_step_threads(p, sm_count), mode);
 }
 
 // How many times (log2, at most kSmallStepMaxSplitLog2) a head of P rows halves over blocks
@@ -106,9 +112,7 @@ inline int head_split_log2(int P, int group, int64_t pairs, int64_t max_blocks) 
 // of a split head takes its row chunks, flush_head's kChunked form).
 inline int small_step_split_log2(const ReplayParams& p, int sm_count, Mode mode) {
   if (small_step_threads(p, sm_count) != kSmallStepWideThreads) return 0;
-  const int per_pass = kSmallStepWideThreads / p.lanes_per_row;
-  const int group = per_pass * std::max(small_step_rows(mode, kSmallStepWideThreads),
-                                        small_step_fold_rows(mode, kSmallStepWideThreads));
+  const int group = small_step_group_rows(p, kSmallStepWideThreads, mode);
   return head_split_log2(p.P, group, int64_t(p.batch) * p.H, 2 * int64_t(sm_count));
 }
 
