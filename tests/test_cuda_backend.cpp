@@ -531,6 +531,108 @@ TEST(CudaBackend, SmallBatchStepMatchesCpu) {
   check_steps_against_cpu({128, 16, 128, 8}, 5, Mode::separate_fp8, 20, decode, false);
 }
 
+// Decode steps of batches 2 to 8 whose slots flush in different steps (a few speculative steps
+// with random accepted counts spread their phases first, as in service), each one launch of
+// small_step_kernel: in a step some entries' blocks fold their heads and the others' do not
+// (SmallBatchStepMatchesCpu's slots all flush in the same steps). Every mode at batch 4, batches
+// 2 to 8, heads of 32 and 64 rows, 8 heads (256-thread blocks), history 32, fp32 activations.
+TEST(CudaBackend, SmallBatchStepMixedFlushesMatchCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto spread_then_decode = [](int step, std::mt19937_64& rng) {
+    return step < 6 ? 1 + int(rng() % 8) : 1;
+  };
+  for (Mode mode : kAllModes)
+    check_steps_against_cpu({128, 32, 128, 8}, 4, mode, 36, spread_then_decode, true);
+  for (int B : {2, 3, 5, 8})
+    check_steps_against_cpu({128, 32, 128, 8}, B, Mode::separate_fp8, 36, spread_then_decode, true);
+  check_steps_against_cpu({128, 64, 128, 8}, 4, Mode::separate_nvfp4, 30, spread_then_decode, true);
+  check_steps_against_cpu({8, 64, 128, 2}, 3, Mode::fp16_sr, 36, spread_then_decode, true);
+  check_steps_against_cpu({128, 32, 128, 8}, 4, Mode::separate_fp8, 60, spread_then_decode, true,
+                          DType::bf16, 32);
+  check_steps_against_cpu({128, 32, 128, 8}, 3, Mode::shared_fp8, 36, spread_then_decode, true,
+                          DType::f32);
+}
+
+// A one-launch decode step of a batch (small_step_kernel) with a NaN in one entry's inputs. Where
+// that entry flushes, none of its blocks folds: it keeps every byte while the other entries step.
+// Where another entry flushes, that fold goes on. Every slot against a CPU cache that decoded the
+// same tokens slot by slot, without the refused entry.
+TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
+  SKIP_WITHOUT_DEVICE();
+  const SsmShape shape{128, 32, 128, 8};
+  const int B = 4;
+  std::mt19937_64 rng(31);
+  const LayerParams params = random_params(shape, rng);
+  CacheConfig cfg;
+  cfg.mode = Mode::separate_fp8;
+  cfg.num_slots = B;
+  const DType act = cfg.activation_dtype;
+  ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
+  ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
+  for (int s = 0; s < B; ++s) cpu.open(s, 50 + s), gpu.open(s, 50 + s);
+  auto decode_one = [&](ReplayCache& cache, int slot, Tokens tk, bool device) {
+    std::vector<int32_t> one{slot};
+    DeviceBytes dslot(one);
+    std::vector<float> y(size_t(shape.nheads) * shape.headdim);
+    if (!device) {
+      cache.decode(host_view(one.data(), DType::i32, {1}), tk.view_x(shape), tk.view_B(shape),
+                   tk.view_C(shape), tk.view_dt(shape),
+                   host_view(y.data(), DType::f32, {1, 1, shape.nheads, shape.headdim}));
+      return;
+    }
+    DeviceTokens d(shape, tk);
+    cache.decode(dview(dslot.ptr, DType::i32, {1}), d.vx(shape, act), d.vB(shape, act),
+                 d.vC(shape, act), d.vdt(shape), d.vy(shape));
+  };
+  // Slot 0's ring full (16 committed entries), the others empty.
+  for (int t = 0; t < cfg.history; ++t) {
+    Tokens tk = random_tokens(shape, act, 1, 1, rng);
+    decode_one(cpu, 0, tk, false);
+    decode_one(gpu, 0, tk, true);
+  }
+  std::vector<int32_t> slots{0, 1, 2, 3};
+  DeviceBytes dslots(slots);
+  const TensorView ds = dview(dslots.ptr, DType::i32, {B});
+  // Step 1: NaN in entry 0, the one that must flush. Step 2: NaN in entry 2, entry 0 flushes.
+  // Step 3: no NaN.
+  for (int refused : {0, 2, -1}) {
+    Tokens tk = random_tokens(shape, act, B, 1, rng);
+    Tokens clean = tk;
+    if (refused >= 0) store_act(tk.x.data(), act, refused * shape.nheads * shape.headdim + 7, NAN);
+    // As exported: the refused entry's other blocks may have written its ring position c, which
+    // holds no committed entry (export zeroes it).
+    const std::vector<uint8_t> before = gpu.export_slot(refused >= 0 ? refused : 0);
+    DeviceTokens d(shape, tk);
+    gpu.decode(ds, d.vx(shape, act), d.vB(shape, act), d.vC(shape, act), d.vdt(shape), d.vy(shape));
+    if (refused >= 0) {
+      EXPECT_THROW(cuda_backend_synchronize(gpu.impl()), Error) << "refused entry " << refused;
+      EXPECT_TRUE(gpu.export_slot(refused) == before) << "entry " << refused;
+    }
+    const std::vector<float> ygpu = d.y.download<float>(size_t(B) * shape.nheads * shape.headdim);
+    for (int b = 0; b < B; ++b) {
+      if (b == refused) continue;
+      std::vector<float> ycpu(size_t(shape.nheads) * shape.headdim);
+      std::vector<int32_t> one{b};
+      Tokens row = clean.slice(shape, b, 0);
+      cpu.decode(host_view(one.data(), DType::i32, {1}), row.view_x(shape), row.view_B(shape),
+                 row.view_C(shape), row.view_dt(shape),
+                 host_view(ycpu.data(), DType::f32, {1, 1, shape.nheads, shape.headdim}));
+      const std::vector<float> yb(ygpu.begin() + b * ycpu.size(),
+                                  ygpu.begin() + (b + 1) * ycpu.size());
+      EXPECT_LT(rel_l2(yb, ycpu), y_tolerance(cfg.mode)) << "entry " << b << " refused " << refused;
+    }
+    for (int b = 0; b < B; ++b) {
+      const SlotDiff diff =
+          compare_slot(shape, cfg, cpu.impl().read_slot(b), gpu.impl().read_slot(b));
+      EXPECT_TRUE(diff.cursors_equal) << "slot " << b << " refused " << refused;
+      EXPECT_TRUE(diff.ring_equal) << "slot " << b << " refused " << refused;
+      EXPECT_LT(diff.ckpt_rel, 1e-3) << "slot " << b << " refused " << refused;
+    }
+  }
+  EXPECT_EQ(gpu.cursors(0).committed, 2);  // flushed in step 2, then two entries
+  EXPECT_EQ(gpu.stats().flushes, cpu.stats().flushes);
+}
+
 // Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of small batches whose entries x
 // heads fit one wave of small_verify_kernel's blocks (verify_small_window, on a GPU of 132 SMs),
 // each validate_tokens and one launch of it (a block per entry and head, staging the ring and

@@ -67,8 +67,12 @@ constexpr int small_step_min_blocks(int threads) {
 // passes), else 2. H200, session 30, call 5, batch 1 / 2 with 4 rows in every mode: fp32 -3.9 /
 // -5.6%, bf16 -4.7 / -4.2%, shared-fp8 -1.7 / -3.5%, but fp16-sr +9.3 / +6.7%, separate-fp8
 // +7.1 / +4.2%, separate-nvfp4 +7.4 / +3.4% (not analysed further; flush_kernel keeps 2 rows for
-// fp16-sr and separate-nvfp4 too).
+// fp16-sr and separate-nvfp4 too). fp32 takes 4 in the 128-thread block as well (session 35,
+// call 6, batches 3-8 with 4 rows against 2: fp32 -2 to -7% at every batch of nemotron-h-8b,
+// mamba2-2.7b and nemotron3-nano-4b; bf16 and shared-fp8 between -5 and +3.5%, the
+// stochastic-rounding modes up to +6.3%; bench/results/2026-12-04-h200-session35.md).
 constexpr int small_step_fold_rows(Mode mode, int threads) {
+  if (mode == Mode::fp32) return 4;
   return threads == kSmallStepWideThreads && !uses_stochastic_rounding(mode) ? 4 : 2;
 }
 // Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass at 128
