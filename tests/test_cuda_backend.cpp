@@ -570,25 +570,26 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
   ReplayCache cpu(shape, params, cfg, BackendKind::cpu);
   ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
   for (int s = 0; s < B; ++s) cpu.open(s, 50 + s), gpu.open(s, 50 + s);
-  auto decode_one = [&](ReplayCache& cache, int slot, Tokens tk, bool device) {
+  // One slot's decode of one token on each side; the CPU's y is returned.
+  auto cpu_decode = [&](int slot, Tokens tk) {
     std::vector<int32_t> one{slot};
-    DeviceBytes dslot(one);
     std::vector<float> y(size_t(shape.nheads) * shape.headdim);
-    if (!device) {
-      cache.decode(host_view(one.data(), DType::i32, {1}), tk.view_x(shape), tk.view_B(shape),
-                   tk.view_C(shape), tk.view_dt(shape),
-                   host_view(y.data(), DType::f32, {1, 1, shape.nheads, shape.headdim}));
-      return;
-    }
+    cpu.decode(host_view(one.data(), DType::i32, {1}), tk.view_x(shape), tk.view_B(shape),
+               tk.view_C(shape), tk.view_dt(shape),
+               host_view(y.data(), DType::f32, {1, 1, shape.nheads, shape.headdim}));
+    return y;
+  };
+  auto gpu_decode = [&](int slot, const Tokens& tk) {
+    DeviceBytes dslot(std::vector<int32_t>{slot});
     DeviceTokens d(shape, tk);
-    cache.decode(dview(dslot.ptr, DType::i32, {1}), d.vx(shape, act), d.vB(shape, act),
-                 d.vC(shape, act), d.vdt(shape), d.vy(shape));
+    gpu.decode(dview(dslot.ptr, DType::i32, {1}), d.vx(shape, act), d.vB(shape, act),
+               d.vC(shape, act), d.vdt(shape), d.vy(shape));
   };
   // Slot 0's ring full (16 committed entries), the others empty.
   for (int t = 0; t < cfg.history; ++t) {
     Tokens tk = random_tokens(shape, act, 1, 1, rng);
-    decode_one(cpu, 0, tk, false);
-    decode_one(gpu, 0, tk, true);
+    cpu_decode(0, tk);
+    gpu_decode(0, tk);
   }
   std::vector<int32_t> slots{0, 1, 2, 3};
   DeviceBytes dslots(slots);
@@ -611,12 +612,7 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
     const std::vector<float> ygpu = d.y.download<float>(size_t(B) * shape.nheads * shape.headdim);
     for (int b = 0; b < B; ++b) {
       if (b == refused) continue;
-      std::vector<float> ycpu(size_t(shape.nheads) * shape.headdim);
-      std::vector<int32_t> one{b};
-      Tokens row = clean.slice(shape, b, 0);
-      cpu.decode(host_view(one.data(), DType::i32, {1}), row.view_x(shape), row.view_B(shape),
-                 row.view_C(shape), row.view_dt(shape),
-                 host_view(ycpu.data(), DType::f32, {1, 1, shape.nheads, shape.headdim}));
+      const std::vector<float> ycpu = cpu_decode(b, clean.slice(shape, b, 0));
       const std::vector<float> yb(ygpu.begin() + b * ycpu.size(),
                                   ygpu.begin() + (b + 1) * ycpu.size());
       EXPECT_LT(rel_l2(yb, ycpu), y_tolerance(cfg.mode)) << "entry " << b << " refused " << refused;

@@ -68,11 +68,12 @@ TEST(LaunchRules, InvariantsOverEveryPresetBatchWindowAndMode) {
             }
           } else {
             const bool direct = has_direct_readout(mode);
-            const SmallVerifyShape sv = small_verify_shape(p, kSms, direct);
+            const SmallVerifyShape sv = small_verify_shape(p, kSms, mode);
             if (sv.threads > 0) {  // one wave, whole row groups, two to four of them a block
               const int per_sm = kSmallVerifyThreads / sv.threads;
               const int group = kSmallVerifyRows * sv.threads / p.lanes_per_row;
               EXPECT_TRUE(per_sm == 1 || per_sm == 2 || (per_sm == 4 && !direct)) << sv.threads;
+              EXPECT_GE(sv.threads, small_verify_min_threads(mode));
               EXPECT_GE(sv.split_log2, 0);
               EXPECT_LE((int64_t(batch) * s.nheads) << sv.split_log2, per_sm * kSms);
               EXPECT_LE(p.P >> sv.split_log2, (per_sm == 1 ? 2 : direct ? 3 : 4) * group);
@@ -132,7 +133,7 @@ TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
   // batch 2 and nemotron3-nano-4b's in 256-thread blocks; batches 3 and 4 of nemotron-h-8b in
   // 128-thread blocks in the 16/32-bit modes only.
   auto sv = [&](const SsmShape& s, int batch, int window, Mode mode) {
-    return small_verify_shape(step_params(s, batch, window), kSms, has_direct_readout(mode));
+    return small_verify_shape(step_params(s, batch, window), kSms, mode);
   };
   auto expect_sv = [&](const SsmShape& s, int batch, int window, Mode mode, int threads,
                        int split) {

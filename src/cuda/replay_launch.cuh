@@ -118,7 +118,7 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
   using V = VerifyVariant;
   with_act(lc, [&]<typename ActT>() {
     if (p.small_window) {  // W > 1: blocks of one head or a split of one after validate_tokens
-      const SmallVerifyShape shape = small_verify_shape(p, lc.sm_count, has_direct_readout(kMode));
+      const SmallVerifyShape shape = small_verify_shape(p, lc.sm_count, kMode);
       ReplayParams q = p;
       q.step_split_log2 = shape.split_log2;
       auto run_small = [&]<int kThreads>() {
@@ -136,8 +136,8 @@ void ModeLaunchers<kMode>::verify(const ReplayParams& p, const LaunchConfig& lc)
         return run_small.template operator()<kSmallVerifyThreads>();
       if (shape.threads == kSmallVerifyThreads / 2)
         return run_small.template operator()<kSmallVerifyThreads / 2>();
-      // The 8/4-bit modes take 256 threads at least (small_verify_shape); not compiled for them.
-      if constexpr (!has_direct_readout(kMode))
+      // Compiled only for the modes that take it (small_verify_min_threads).
+      if constexpr (small_verify_min_threads(kMode) <= kSmallVerifyThreads / 4)
         if (shape.threads == kSmallVerifyThreads / 4)
           return run_small.template operator()<kSmallVerifyThreads / 4>();
       fail("cuda backend: no small_verify_kernel of ", shape.threads, " threads in mode ",
@@ -245,7 +245,7 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
           small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 2>,
           small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 2>})
       load_kernel(kernel, smem_small);
-    if constexpr (!has_direct_readout(kMode))
+    if constexpr (small_verify_min_threads(kMode) <= kSmallVerifyThreads / 4)
       for (const auto kernel : {small_verify_kernel<kMode, ActT, false, kSmallVerifyThreads / 4>,
                                 small_verify_kernel<kMode, ActT, true, kSmallVerifyThreads / 4>})
         load_kernel(kernel, smem_small);

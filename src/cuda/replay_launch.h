@@ -148,26 +148,31 @@ inline bool small_step_five_rows(const ReplayParams& p, int sm_count, Mode mode)
 // Heads of several whole row groups split over 2, 4 or 8 blocks as long as the blocks stay one
 // wave (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch 2).
 // threads = 0: the step takes the three launches.
+constexpr int small_verify_min_threads(Mode mode) {
+  return has_direct_readout(mode) ? kSmallVerifyThreads / 2 : kSmallVerifyThreads / 4;
+}
+// Row groups a block of `threads` may hold.
+constexpr int small_verify_max_groups(int threads, Mode mode) {
+  return threads == kSmallVerifyThreads ? 2 : has_direct_readout(mode) ? 3 : 4;
+}
 struct SmallVerifyShape {
   int threads = 0;      // kSmallVerifyThreads, or a half or a quarter of it
   int split_log2 = -1;  // blocks per head, log2
 };
-inline SmallVerifyShape small_verify_shape(const ReplayParams& p, int sm_count,
-                                           bool direct_readout) {
+inline SmallVerifyShape small_verify_shape(const ReplayParams& p, int sm_count, Mode mode) {
   if (p.tokens == 1) return {};
   const int64_t pairs = int64_t(p.batch) * p.H;
-  const int min_threads = direct_readout ? kSmallVerifyThreads / 2 : kSmallVerifyThreads / 4;
-  for (int threads = kSmallVerifyThreads; threads >= min_threads; threads /= 2) {
+  for (int threads = kSmallVerifyThreads; threads >= small_verify_min_threads(mode); threads /= 2) {
     const int64_t capacity = int64_t(kSmallVerifyThreads / threads) * sm_count;  // one wave
     const int group = kSmallVerifyRows * threads / p.lanes_per_row;              // rows
-    const int max_groups = threads == kSmallVerifyThreads ? 2 : direct_readout ? 3 : 4;
     const int s = head_split_log2(p.P, group, pairs, capacity);
-    if ((pairs << s) <= capacity && (p.P >> s) <= max_groups * group) return {threads, s};
+    if ((pairs << s) <= capacity && (p.P >> s) <= small_verify_max_groups(threads, mode) * group)
+      return {threads, s};
   }
   return {};
 }
 inline bool verify_small_window(const ReplayParams& p, int sm_count, Mode mode) {
-  return small_verify_shape(p, sm_count, has_direct_readout(mode)).threads > 0;
+  return small_verify_shape(p, sm_count, mode).threads > 0;
 }
 
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
