@@ -1,0 +1,103 @@
+"""scripts/bench_compare.py on small bench outputs: means, changes, spreads, the standard kernels'
+noise, combined results files and their key filter, and the errors for bad input."""
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = importlib.util.spec_from_file_location(
+    "bench_compare", os.path.join(HERE, "..", "..", "scripts", "bench_compare.py"))
+bc = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(bc)
+
+
+def bench(times):
+    """A bench output with one row per (name, batch, window) -> us_per_step."""
+    return {"command": "replayssm bench", "rows": [
+        {"name": n, "batch": b, "window": w, "us_per_step": t} for (n, b, w), t in times.items()]}
+
+
+class BenchCompare(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def write(self, name, data):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(data if isinstance(data, str) else json.dumps(data))
+        return path
+
+    def run_main(self, *args):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = bc.main(list(args))
+        return rc, out.getvalue(), err.getvalue()
+
+    def test_means_changes_spreads_and_noise(self):
+        std, rep = ("standard fp32 state", 64, 1), ("replay separate-fp8", 64, 1)
+        a1 = self.write("a1.json", bench({std: 100.0, rep: 50.0}))
+        a2 = self.write("a2.json", bench({std: 100.0, rep: 54.0}))
+        b1 = self.write("b1.json", bench({std: 102.0, rep: 39.0}))
+        b2 = self.write("b2.json", bench({std: 102.0, rep: 39.0, ("replay fp32", 8, 1): 9.0}))
+        sets = [bc.parse_set(f"main={a1},{a2}"), bc.parse_set(f"new={b1},{b2}")]
+        rows, noise = bc.compare(sets)
+        by_name = {r[0]: r for r in rows}
+        cells, changes = by_name["replay separate-fp8"][3], by_name["replay separate-fp8"][4]
+        self.assertAlmostEqual(cells[0][0], 52.0)
+        self.assertEqual(cells[0][1], 2)
+        self.assertAlmostEqual(cells[0][2], 100.0 * 4.0 / 52.0)
+        self.assertAlmostEqual(changes[0], 100.0 * (39.0 - 52.0) / 52.0)
+        # Only the standard rows count as noise (the replay row moved 25%).
+        self.assertAlmostEqual(noise, 2.0)
+        # A configuration of one set only: no value and no change for the other.
+        self.assertIsNone(by_name["replay fp32"][3][0])
+        self.assertIsNone(by_name["replay fp32"][4][0])
+        rc, out, _ = self.run_main(f"main={a1},{a2}", f"new={b1},{b2}")
+        self.assertEqual(rc, 0)
+        self.assertIn("| replay separate-fp8 | 64 | 1 | 52.0 (2 runs, 7.7%) | 39.0 (2 runs, 0.0%) "
+                      "| -25.0% |", out)
+        self.assertIn("| replay fp32 | 8 | 1 | - | 9.0 | - |", out)
+        self.assertIn("differ by up to 2.0%", out)
+
+    def test_combined_results_file_and_key_filter(self):
+        rep = ("replay shared-fp8", 256, 8)
+        path = self.write("call.json", {"r1-off-h8b": bench({rep: 10.0}),
+                                        "r2-off-h8b": bench({rep: 12.0}),
+                                        "r1-on-h8b": bench({rep: 22.0}), "note": "not a run"})
+        rows, _ = bc.compare([bc.parse_set(f"off={path}:-off-"), bc.parse_set(f"on={path}:-on-")])
+        cells, changes = rows[0][3], rows[0][4]
+        self.assertAlmostEqual(cells[0][0], 11.0)
+        self.assertEqual(cells[1][1], 1)
+        self.assertAlmostEqual(changes[0], 100.0)
+        # Without a filter every run of the file is in the set.
+        self.assertEqual(bc.compare([bc.parse_set(f"all={path}")])[0][0][3][0][1], 3)
+
+    def test_bad_input_is_named(self):
+        good = self.write("good.json", bench({("replay bf16", 1, 1): 3.0}))
+        combined = self.write("c.json", {"r1-on": bench({("replay bf16", 1, 1): 3.0})})
+        cases = [
+            ([f"{good}"], "expected LABEL=FILE"),
+            ([f"a={self.dir.name}/missing.json"], "cannot read it"),
+            ([f"a={self.write('bad.json', '{nope')}"], "not JSON"),
+            ([f"a={self.write('list.json', [1, 2])}"], "expected a JSON object, found list"),
+            ([f"a={combined}:-off-"], "no bench output (an object with 'rows') whose key contains"),
+            ([f"a={good}:r1"], "one bench output has no run keys"),
+            ([f"a={good}", f"a={good}"], "two sets have the same label"),
+            ([f"a={self.write('row.json', {'rows': [{'name': 'x', 'batch': 1}]})}"],
+             "lacks name, batch, window or us_per_step"),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args):
+                rc, out, err = self.run_main(*args)
+                self.assertEqual(rc, 2)
+                self.assertEqual(out, "")
+                self.assertIn(message, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
