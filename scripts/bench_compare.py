@@ -44,8 +44,8 @@ def bench_outputs(path, key_filter=None):
         if key_filter is not None:
             raise InputError(f"{path}: one bench output has no run keys to select with "
                              f"':{key_filter}'")
-        return [(path, data)]
-    runs = [(f"{path}:{key}", value) for key, value in sorted(data.items())
+        return [data]
+    runs = [value for key, value in sorted(data.items())
             if isinstance(value, dict) and "rows" in value
             and (key_filter is None or key_filter in key)]
     if not runs:
@@ -63,7 +63,7 @@ def parse_set(text):
     for item in files.split(","):
         path, colon, key_filter = item.partition(":")
         runs += bench_outputs(path, key_filter if colon else None)
-    return label, [data for _, data in runs]
+    return label, runs
 
 
 def config_times(runs):
