@@ -571,7 +571,7 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
   ReplayCache gpu(shape, params, cfg, BackendKind::cuda);
   for (int s = 0; s < B; ++s) cpu.open(s, 50 + s), gpu.open(s, 50 + s);
   // One slot's decode of one token on each side; the CPU's y is returned.
-  auto cpu_decode = [&](int slot, Tokens tk) {
+  auto cpu_decode = [&](int slot, Tokens tk) {  // by value: the views are mutable
     std::vector<int32_t> one{slot};
     std::vector<float> y(size_t(shape.nheads) * shape.headdim);
     cpu.decode(host_view(one.data(), DType::i32, {1}), tk.view_x(shape), tk.view_B(shape),

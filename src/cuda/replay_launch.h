@@ -141,20 +141,19 @@ inline bool small_step_five_rows(const ReplayParams& p, int sm_count, Mode mode)
 // 16/32-bit modes 4-38% down (nemotron-h-8b fp32 batch 4 W = 4 29.9 -> 18.5 us), whose chained
 // readout has no tensor-core form, but the 8/4-bit modes up to 15% up at W = 8 (8 rows per
 // thread), so those stop at 256 threads).
+constexpr int small_verify_min_threads(Mode mode) {
+  return has_direct_readout(mode) ? kSmallVerifyThreads / 2 : kSmallVerifyThreads / 4;
+}
 // A block holds at most two row groups (kSmallVerifyRows rows per thread each) at 512 threads,
 // where a block per SM has no other block's warps to hide its chains behind; three at 256 in the
 // 8/4-bit modes (nemotron3-nano-4b's 80 rows) and four otherwise (falcon-h1-7b at batch 3 in four
 // groups: bf16 -27 to -30%, separate-nvfp4 +2 / +24%).
-// Heads of several whole row groups split over 2, 4 or 8 blocks as long as the blocks stay one
-// wave (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch 2).
-// threads = 0: the step takes the three launches.
-constexpr int small_verify_min_threads(Mode mode) {
-  return has_direct_readout(mode) ? kSmallVerifyThreads / 2 : kSmallVerifyThreads / 4;
-}
-// Row groups a block of `threads` may hold.
 constexpr int small_verify_max_groups(int threads, Mode mode) {
   return threads == kSmallVerifyThreads ? 2 : has_direct_readout(mode) ? 3 : 4;
 }
+// Heads of several whole row groups split over 2, 4 or 8 blocks as long as the blocks stay one
+// wave (falcon-h1-7b: 4 blocks of one row group per head at batch 1, 2 of two at batch 2).
+// threads = 0: the step takes the three launches.
 struct SmallVerifyShape {
   int threads = 0;      // kSmallVerifyThreads, or a half or a quarter of it
   int split_log2 = -1;  // blocks per head, log2

@@ -72,8 +72,8 @@ constexpr int small_step_min_blocks(int threads) {
 // mamba2-2.7b and nemotron3-nano-4b; bf16 and shared-fp8 between -5 and +3.5%, the
 // stochastic-rounding modes up to +6.3%; bench/results/2026-12-04-h200-session35.md).
 constexpr int small_step_fold_rows(Mode mode, int threads) {
-  if (mode == Mode::fp32) return 4;
-  return threads == kSmallStepWideThreads && !uses_stochastic_rounding(mode) ? 4 : 2;
+  const bool wide = threads == kSmallStepWideThreads;
+  return mode == Mode::fp32 || (wide && !uses_stochastic_rounding(mode)) ? 4 : 2;
 }
 // Dot products B_k . C whose B loads go out together (nemotron-h-8b: 8 entries per pass at 128
 // threads, 16 at 256, so history 16 takes one batch).
