@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -89,6 +91,129 @@ TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
   cudaFree(dr);
   cudaFree(dw);
   EXPECT_GT(checked, 10'000'000u);
+}
+
+
+// The row encoders of the flush (replay_codec.cuh), one row of 128 elements per 16 lanes: the
+// row amax both ways (chunk_amax, and chunk_amax_rows as prepare_rows forms it) and every
+// encoder from it. amax_ok[lane] = 1 where the two amaxes and block amaxes agree bit for bit.
+constexpr int kRowLen = 128, kRowLanes = kRowLen / 8;
+__global__ void row_encoders_kernel(const float* rows /*[R, 128]*/, int R, uint2* e4m3 /*[R, 16]*/,
+                                    float* e4m3_scale /*[R]*/, uint2* int8 /*[R, 16]*/,
+                                    float* int8_scale /*[R]*/, uint32_t* nvfp4 /*[R, 16]*/,
+                                    uint8_t* block_scale /*[R, 8]*/, float* nvfp4_scale /*[R]*/,
+                                    int* amax_ok /*[R, 16]*/) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;  // R * 16 threads, whole warps
+  const int row = t / kRowLanes, lane = t % kRowLanes;
+  if (row >= R) return;  // whole rows: the 16 lanes of a row leave together
+  float v[1][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[0][i] = rows[size_t(row) * kRowLen + lane * 8 + i];
+  float amax[1], pair[1], pair1;
+  cuda::chunk_amax_rows(v, kRowLanes, amax, pair);
+  const float amax1 = cuda::chunk_amax(v[0], kRowLanes, &pair1);
+  amax_ok[t] = __float_as_uint(amax1) == __float_as_uint(amax[0]) &&
+               __float_as_uint(pair1) == __float_as_uint(pair[0]);
+  float rv[8];
+  uint2 codes;
+  const float s8 = cuda::encode8_row8bit<true>(v[0], amax[0], codes, rv);
+  e4m3[t] = codes;
+  const float si = cuda::encode8_row8bit<false>(v[0], amax[0], codes, rv);
+  int8[t] = codes;
+  uint32_t packed;
+  uint8_t bs;
+  const float s4 = cuda::encode8_nvfp4(v[0], amax[0], pair[0], packed, bs, rv);
+  nvfp4[t] = packed;
+  if ((lane & 1) == 0) block_scale[row * (kRowLen / 16) + lane / 2] = bs;
+  if (lane == 0) e4m3_scale[row] = s8, int8_scale[row] = si, nvfp4_scale[row] = s4;
+}
+
+// The 8-bit and NVFP4 row encoders on the device (branch-free, their factors from
+// live_row_factor) give the CPU reference's codes and scales bit for bit: rows whose amax spans
+// every binade a live row can have (2^-100 to FLT_MAX), rows at the edges (amax just below and at
+// 2^-100, FLT_MAX), zero rows, and rows with zero and tied elements.
+TEST(DeviceCodecs, RowEncodersMatchReference) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> rows;
+  auto add_row = [&](float scale, float zero_share) {
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (int i = 0; i < kRowLen; ++i)
+      rows.push_back(u(rng) < zero_share ? 0.f : scale * std::clamp(normal(rng), -3.f, 3.f) / 3.f);
+  };
+  for (int e = -112; e <= 127; ++e)
+    for (int k = 0; k < 24; ++k) add_row(std::ldexp(1.f + float(k) / 24.f, e), k % 4 == 0 ? .5f : 0.f);
+  for (int k = 0; k < 64; ++k) add_row(0x1.fffffep127f, 0.f);  // amax up to FLT_MAX
+  add_row(0.f, 0.f);                                               // zero row
+  for (const float amax : {0x1.fffffep-101f, 0x1p-100f, 0x1.000002p-100f, 1.f, 448.f}) {
+    add_row(amax, .3f);  // then the row's largest magnitude set to amax exactly
+    float* r = rows.data() + rows.size() - kRowLen;
+    r[rng() % kRowLen] = (rng() & 1) ? amax : -amax;
+    for (int i = 0; i < kRowLen; ++i) r[i] = std::clamp(r[i], -amax, amax);
+  }
+  while (rows.size() / kRowLen % 8 != 0) add_row(0.f, 0.f);  // whole warps (the shuffles)
+  const int R = int(rows.size()) / kRowLen;
+  float *d_rows = nullptr, *d_scales = nullptr;
+  uint2* d_codes = nullptr;
+  uint32_t* d_nvfp4 = nullptr;
+  uint8_t* d_bs = nullptr;
+  int* d_ok = nullptr;
+  const int lanes = R * kRowLanes;
+  CUDA_OK(cudaMalloc(&d_rows, rows.size() * sizeof(float)));
+  CUDA_OK(cudaMalloc(&d_scales, 3 * size_t(R) * sizeof(float)));
+  CUDA_OK(cudaMalloc(&d_codes, 2 * size_t(lanes) * sizeof(uint2)));
+  CUDA_OK(cudaMalloc(&d_nvfp4, size_t(lanes) * sizeof(uint32_t)));
+  CUDA_OK(cudaMalloc(&d_bs, size_t(R) * (kRowLen / 16)));
+  CUDA_OK(cudaMalloc(&d_ok, size_t(lanes) * sizeof(int)));
+  CUDA_OK(cudaMemcpy(d_rows, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
+  row_encoders_kernel<<<(lanes + 127) / 128, 128>>>(d_rows, R, d_codes, d_scales, d_codes + lanes,
+                                                    d_scales + R, d_nvfp4, d_bs, d_scales + 2 * R,
+                                                    d_ok);
+  CUDA_OK(cudaGetLastError());
+  std::vector<uint2> codes(2 * size_t(lanes));
+  std::vector<float> scales(3 * size_t(R));
+  std::vector<uint32_t> packed(lanes);
+  std::vector<uint8_t> bs(size_t(R) * (kRowLen / 16));
+  std::vector<int> ok(lanes);
+  CUDA_OK(cudaMemcpy(codes.data(), d_codes, codes.size() * sizeof(uint2), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(scales.data(), d_scales, scales.size() * sizeof(float),
+                     cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(packed.data(), d_nvfp4, packed.size() * sizeof(uint32_t),
+                     cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(bs.data(), d_bs, bs.size(), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(ok.data(), d_ok, ok.size() * sizeof(int), cudaMemcpyDeviceToHost));
+  cudaFree(d_rows), cudaFree(d_scales), cudaFree(d_codes), cudaFree(d_nvfp4), cudaFree(d_bs);
+  cudaFree(d_ok);
+  // The device's codes as bytes in element order (little-endian words).
+  auto bytes_of = [](const void* p, size_t i) { return static_cast<const uint8_t*>(p)[i]; };
+  int live = 0;
+  for (int r = 0; r < R; ++r) {
+    const float* row = rows.data() + size_t(r) * kRowLen;
+    uint8_t want_e4m3[kRowLen], want_nvfp4[kRowLen / 2], want_bs[kRowLen / 16];
+    int8_t want_int8[kRowLen];
+    const float s8 = encode_row_e4m3(row, kRowLen, want_e4m3);
+    const float si = encode_row_int8(row, kRowLen, want_int8);
+    const float s4 = encode_row_nvfp4(row, kRowLen, want_nvfp4, want_bs);
+    live += s8 != 0.f;
+    ASSERT_EQ(f32_bits(scales[r]), f32_bits(s8)) << "row " << r;
+    ASSERT_EQ(f32_bits(scales[R + r]), f32_bits(si)) << "row " << r;
+    ASSERT_EQ(f32_bits(scales[2 * R + r]), f32_bits(s4)) << "row " << r;
+    const uint2* e4 = codes.data() + size_t(r) * kRowLanes;
+    const uint2* i8 = codes.data() + lanes + size_t(r) * kRowLanes;
+    for (int i = 0; i < kRowLen; ++i) {
+      ASSERT_EQ(bytes_of(e4, i), want_e4m3[i]) << "row " << r << " element " << i;
+      ASSERT_EQ(bytes_of(i8, i), uint8_t(want_int8[i])) << "row " << r << " element " << i;
+    }
+    for (int i = 0; i < kRowLen / 2; ++i)
+      ASSERT_EQ(bytes_of(packed.data() + size_t(r) * kRowLanes, i), want_nvfp4[i])
+          << "row " << r << " byte " << i;
+    for (int b = 0; b < kRowLen / 16; ++b)
+      ASSERT_EQ(bs[size_t(r) * (kRowLen / 16) + b], want_bs[b]) << "row " << r << " block " << b;
+    for (int l = 0; l < kRowLanes; ++l) ASSERT_EQ(ok[size_t(r) * kRowLanes + l], 1) << "row " << r;
+  }
+  EXPECT_GT(live, 5000);    // rows of every binade from 2^-100 up
+  EXPECT_LT(live, R - 1);   // and zero rows
 }
 
 }  // namespace

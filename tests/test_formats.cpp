@@ -414,20 +414,25 @@ TEST(DivRnByE4m3, MatchesDivisionForEveryBlockScale) {
   EXPECT_GT(checked, int64_t(40) * (1 << 23));
 }
 
-// g = RN(2688 / amax) of encode8_nvfp4 (nvfp4_global_factor): live rows have 2^-100 <= amax <=
-// FLT_MAX. Every significand of a divisor in [1, 2) with every starting reciprocal of the window
-// (the result depends on these alone while every value stays normal), every significand of the
-// extreme binades of amax, and 4096 of every binade between.
-TEST(NvfpGlobalFactor, MatchesDivisionForEveryLiveAmax) {
-  ASSERT_EQ(kNvfp4GlobalScaled, 2688.f / 16384.f);
+// RN(k / amax) by live_row_factor, for each numerator the encoders use: 2688 (nvfp4's global factor
+// g, encode8_nvfp4), 448 and 127 (the 8-bit rows' factor, encode8_row8bit). Live rows have
+// 2^-100 <= amax <= FLT_MAX. Every significand of a divisor in [1, 2) with every starting
+// reciprocal of the window (the result depends on these alone while every value stays normal),
+// every significand of the extreme binades of amax, and 4096 of every binade between.
+class LiveRowFactor : public ::testing::TestWithParam<float> {};
+
+TEST_P(LiveRowFactor, MatchesDivisionForEveryLiveAmax) {
+  const float k = GetParam();
+  const float k_scaled = k * kLiveRowFactorScale;
+  ASSERT_EQ(k_scaled, k / 16384.f);
   int64_t checked = 0;
   auto check = [&](float amax, int o) {
-    const float b = amax * 0x1p-14f;
-    const float got = detail::div_rn_refined(kNvfp4GlobalScaled, b, ulps_from(1.f / b, o));
-    const float want = 2688.f / amax;
+    const float b = amax * kLiveRowFactorScale;
+    const float got = detail::div_rn_refined(k_scaled, b, ulps_from(1.f / b, o));
+    const float want = k / amax;
     if (f32_bits(got) != f32_bits(want)) {
-      ADD_FAILURE() << std::hexfloat << "amax " << amax << " r0 offset " << o << ": " << got
-                    << " vs " << want;
+      ADD_FAILURE() << std::hexfloat << "k " << k << " amax " << amax << " r0 offset " << o
+                    << ": " << got << " vs " << want;
       return false;
     }
     ++checked;
@@ -441,8 +446,18 @@ TEST(NvfpGlobalFactor, MatchesDivisionForEveryLiveAmax) {
         if (!check(from_bits((e << 23) | s), o)) return;
   }
   for (const float amax : {0x1p-100f, 0x1.fffffep127f, 1.f, 3.f})
-    ASSERT_EQ(f32_bits(nvfp4_global_factor(amax)), f32_bits(2688.f / amax)) << amax;
+    ASSERT_EQ(f32_bits(live_row_factor(k_scaled, amax)), f32_bits(k / amax)) << amax;
   EXPECT_GT(checked, int64_t(20) * (1 << 23));
+}
+
+INSTANTIATE_TEST_SUITE_P(EncoderNumerators, LiveRowFactor,
+                         ::testing::Values(kE4m3Max * kE2m1Max, kE4m3Max, kInt8Max));
+
+TEST(LiveRowFactorConstants, AreTheScaledNumerators) {
+  EXPECT_EQ(kNvfp4GlobalScaled, 2688.f / 16384.f);
+  EXPECT_EQ(kE4m3MaxScaled, 448.f / 16384.f);
+  EXPECT_EQ(kInt8MaxScaled, 127.f / 16384.f);
+  EXPECT_EQ(f32_bits(nvfp4_global_factor(3.f)), f32_bits(2688.f / 3.f));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -98,6 +98,12 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), held, f);
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
+  // Where a thread has 4 rows or more (128 registers), the row amaxes and random draws of all
+  // its rows are formed side by side before the rows' encodes (EncodePrep); at 2 rows and 80
+  // registers the draws taken first spilled (H200 session 36), and so did separate-nvfp4's
+  // one-round shape at 4 rows and 128 (24 bytes; its encode holds more).
+  constexpr bool kPrepFirst = kRows >= 4 && kMode != Mode::separate_nvfp4 &&
+                              (is_separate(kMode) || is_shared_quantized(kMode));
   int saturated = 0, nonfinite = 0;
   for (int base = row_begin; base < row_end; base += rm.rows_per_group) {
     float v[kRows][8];
@@ -115,15 +121,28 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 #pragma unroll
     for (int r = 0; r < kRows; ++r) xrow[r] = clamped[r] - x_first;
     fold_rows(v, f, cur.committed, xrow, rm.n0, N, x_rows);
+    int bad[kRows];
+    sanitize_rows(v, bad);
+    int erow[kRows];  // the rows' indices in the checkpoint, h P + p
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) erow[r] = h * P + clamped[r];
+    EncodePrep prep[kRows];
+    if constexpr (kPrepFirst) prepare_rows<kMode>(v, erow, rm.n0, N, rm.lanes, sr, prep);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int pr = clamped[r];
-      const int bad = sanitize8(v[r]);
       float rv[8];
       // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
-      encode8<kMode, kShortSr>(sec, int64_t(h) * P + pr, rm.n0, N, rm.lane_in_row, rm.lanes, v[r],
-                               sr, rv, &saturated, row[r] < P);
-      if (row[r] < P) nonfinite += bad;
+      encode8<kMode, kShortSr>(sec, erow[r], rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,
+                               &saturated, row[r] < P, kPrepFirst ? &prep[r] : nullptr);
+      if (row[r] < P) nonfinite += bad[r];
+    }
+    if constexpr (kPrepFirst && is_separate(kMode)) {  // the carrier's saturation (encode8)
+      float bound = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) bound = row[r] < P ? fmaxf(bound, prep[r].amax) : bound;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (row[r] < P) saturated += count_f16_saturated(v[r], bound);
     }
   }
   add_encode_stats(p, saturated, nonfinite);

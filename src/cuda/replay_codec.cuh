@@ -222,17 +222,32 @@ __device__ __forceinline__ uint32_t f16x2_sr_short(float x0, float x1, uint32_t 
   return d;
 }
 
+// The elements of v that saturate in fp16 (|v| > 65504), counted only where `bound`, an upper
+// bound of their magnitudes, says that one may (rare: a branch, not a count per element).
+__device__ __forceinline__ int count_f16_saturated(const float (&v)[8], float bound) {
+  int saturated = 0;
+  if (bound > 65504.f)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) saturated += fabsf(v[k]) > 65504.f ? 1 : 0;
+  return saturated;
+}
+
 // Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0);
 // element k in half k % 2 of words[k / 2] (the layout of the 16 bytes a checkpoint row stores).
 // kShortSr: the caller guarantees r <= 12 (the flush is specialised for it), so only the short
 // form is compiled and the 8 elements' instructions interleave without a branch each.
 // kBounded: `bound` is an upper bound of the 8 |v| that the caller has at hand (the row amax of
 // the separate modes' read encoder); otherwise the function takes their maximum itself.
-template <bool kShortSr = false, bool kBounded = false>
+// drawn: sr_draw(sr, e) where the caller has taken it already (EncodePrep), else null.
+// kCountSaturation = false: the caller counts the saturated elements itself (flush_head, once for
+// all its rows), and this returns 0.
+template <bool kShortSr = false, bool kBounded = false, bool kCountSaturation = true>
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
-                                              uint32_t (&words)[4], float bound = 0.f) {
+                                              uint32_t (&words)[4], float bound = 0.f,
+                                              const U32x4* drawn = nullptr) {
   int saturated = 0;
-  const U32x4 draw = sr_draw(sr, e);  // e % 8 == 0: one draw; round keys from the parameters
+  // e % 8 == 0: one draw; round keys from the parameters
+  const U32x4 draw = drawn ? *drawn : sr_draw(sr, e);
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare. With
   // kShortSr the condition is a constant and the long form is not compiled.
   const bool fast = kShortSr || sr.bits <= kSrFastMaxBits;
@@ -243,7 +258,8 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
     for (int k = 0; k < 8; k += 2) {
       words[k / 2] = f16x2_sr_short(v[k], v[k + 1], sr_addend(sr_random(draw, k), sr.bits),
                                     sr_addend(sr_random(draw, k + 1), sr.bits));
-      if (!kBounded) magnitude = fmaxf(magnitude, fmaxf(fabsf(v[k]), fabsf(v[k + 1])));
+      if (kCountSaturation && !kBounded)
+        magnitude = fmaxf(magnitude, fmaxf(fabsf(v[k]), fabsf(v[k + 1])));
     }
   } else {
 #pragma unroll
@@ -255,9 +271,7 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
       saturated += (sat0 ? 1 : 0) + (sat1 ? 1 : 0);
     }
   }
-  if (magnitude > 65504.f)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) saturated += fabsf(v[k]) > 65504.f ? 1 : 0;
+  if (kCountSaturation) saturated += count_f16_saturated(v, magnitude);
   return saturated;
 }
 
@@ -279,23 +293,21 @@ __device__ __forceinline__ uint32_t e4m3x2_bits(float a, float b) {  // a: low b
   return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
 }
 
-// 8-bit row codec (e4m3: kMax = 448, int8: 127). Returns the row scale; codes = the 8 codes,
-// element i in byte i of the little-endian pair of words; rv = code values. Two e4m3 conversions
-// of two values each make a word in two instructions (the second merges into the first's upper
-// half), where assembling the words byte by byte took about 20 instructions per lane and row.
+// 8-bit row codec (e4m3: kMax = 448, int8: 127) of a row whose amax (chunk_amax) is given.
+// Returns the row scale; codes = the 8 codes, element i in byte i of the little-endian pair of
+// words; rv = code values. Two e4m3 conversions of two values each make a word in two
+// instructions (the second merges into the first's upper half), where assembling the words byte
+// by byte took about 20 instructions per lane and row. No branch: a zero row's codes, values and
+// scale are selected, so that the encodes of a thread's rows can interleave (flush_head).
 template <bool kFp8>
-__device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes, uint2& codes,
-                                                 float (&rv)[8], float* row_amax = nullptr) {
-  const float amax = chunk_amax(v, lanes);
-  if (row_amax) *row_amax = amax;
+__device__ __forceinline__ float encode8_row8bit(const float (&v)[8], float amax, uint2& codes,
+                                                 float (&rv)[8]) {
+  const bool live = !detail::is_zero_row(amax);
+  // = __fdiv_rn(kmax, amax) without its range check and slow path: amax is finite (sanitize8)
+  // and at least 2^-100 where the row is live (formats.h live_row_factor); whatever it gives for
+  // a zero row is discarded below.
+  const float inv = live_row_factor(kFp8 ? kE4m3MaxScaled : kInt8MaxScaled, amax);
   const float kmax = kFp8 ? kE4m3Max : kInt8Max;
-  if (detail::is_zero_row(amax)) {
-    codes = make_uint2(0u, 0u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) rv[i] = 0.f;
-    return 0.f;
-  }
-  const float inv = __fdiv_rn(kmax, amax);
   float t[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) t[i] = __fmul_rn(v[i], inv);
@@ -304,31 +316,30 @@ __device__ __forceinline__ float encode8_row8bit(const float (&v)[8], int lanes,
   for (int h = 0; h < 2; ++h) {
     if constexpr (kFp8) {
       w[h] = e4m3x2_bits(t[4 * h], t[4 * h + 1]) | e4m3x2_bits(t[4 * h + 2], t[4 * h + 3]) << 16;
+      w[h] = live ? w[h] : 0u;
 #pragma unroll
       for (int i = 0; i < 4; ++i) rv[4 * h + i] = e4m3_to_f32(uint8_t(w[h] >> (8 * i)));
     } else {
       w[h] = 0;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int8_t q = f32_to_int8(t[4 * h + i]);
+        const int8_t q = live ? f32_to_int8(t[4 * h + i]) : int8_t(0);
         w[h] |= uint32_t(uint8_t(q)) << (8 * i);
         rv[4 * h + i] = float(q);
       }
     }
   }
   codes = make_uint2(w[0], w[1]);
-  // exact: amax >= 2^-100 here (detail::div_rn_by)
-  return detail::div_rn_by(amax, kmax, kFp8 ? kInvE4m3Max : kInvInt8Max);
+  // exact: amax >= 2^-100 where the row is live (detail::div_rn_by)
+  return live ? detail::div_rn_by(amax, kmax, kFp8 ? kInvE4m3Max : kInvInt8Max) : 0.f;
 }
 
-// NVFP4 row codec (formats.h encode_row_nvfp4). The 16-element block of this lane's chunk is
-// shared with lane ^ 1. Writes 4 packed bytes and (even lanes) the block scale.
-__device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, uint32_t& packed,
-                                               uint8_t& block_scale, float (&rv)[8],
-                                               float* row_amax = nullptr) {
-  float bm;  // the block's amax (lanes >= 8, chunk_amax)
-  const float amax = chunk_amax(v, lanes, &bm);
-  if (row_amax) *row_amax = amax;
+// NVFP4 row codec (formats.h encode_row_nvfp4) of a row whose amax and block amax bm (the
+// 16-element block of this lane's chunk, shared with lane ^ 1: chunk_amax's pair) are given.
+// Writes 4 packed bytes and (even lanes) the block scale.
+__device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], float amax, float bm,
+                                               uint32_t& packed, uint8_t& block_scale,
+                                               float (&rv)[8]) {
   if (detail::is_zero_row(amax)) {
     packed = 0;
     block_scale = 0;
@@ -376,17 +387,70 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], int lanes, u
   return detail::div_rn_by(amax, kGlobal, kInvNvfp4Global);  // exact: amax >= 2^-100 (div_rn_by)
 }
 
+// What a row's encode needs before its codes: the row amax and the lane pair's (an nvfp4 block;
+// the modes with row scales) and the stochastic rounding's draw (the modes with it). flush_head
+// forms them for all of a thread's rows first, side by side (prepare_rows): inside each row's
+// encode, the row reduction's shuffles and the 10-round Philox were chains that no other row's
+// work could fill, since the encodes have branches between them.
+struct EncodePrep {
+  float amax, pair;
+  U32x4 draw;
+};
+
+// The amax of each of K chunks over the lanes of its row (chunk_amax for K rows at once: one
+// exchange of every row per level, so that the K chains of shuffles overlap).
+template <int K>
+__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes,
+                                                float (&amax)[K], float (&pair)[K]) {
+#pragma unroll
+  for (int r = 0; r < K; ++r) {
+    amax[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax[r] = amax_combine(amax[r], fabsf(v[r][i]));
+  }
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {  // row_amax's exchanges, row by row within a level
+#pragma unroll
+    for (int r = 0; r < K; ++r)
+      amax[r] = amax_combine(
+          amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o < 8 ? o : o & (lanes - 1)));
+    if (o == 1)
+#pragma unroll
+      for (int r = 0; r < K; ++r) pair[r] = amax[r];
+  }
+}
+
+// EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p).
+template <Mode kMode, int K>
+__device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (&rows)[K], int n0,
+                                             int N, int lanes, const SrContext& sr,
+                                             EncodePrep (&prep)[K]) {
+  if constexpr (is_separate(kMode) || is_shared_quantized(kMode)) {
+    float amax[K], pair[K];
+    chunk_amax_rows(v, lanes, amax, pair);
+#pragma unroll
+    for (int r = 0; r < K; ++r) prep[r].amax = amax[r], prep[r].pair = pair[r];
+  }
+  if constexpr (uses_stochastic_rounding(kMode)) {
+#pragma unroll
+    for (int r = 0; r < K; ++r)
+      prep[r].draw = sr_draw(sr, uint32_t(rows[r]) * uint32_t(N) + uint32_t(n0));
+  }
+}
+
 // Writes elements [n0, n0+8) of row `row` of every checkpoint of the mode from the fp32 values
 // `v`. All lanes of the warp must call it (row reductions), so the lanes of a duplicated row
 // (past P, see RowMap) call it with store = false: they take part in the shuffles and write
 // nothing, since their row may already hold the new values of its owner. Returns the values the
 // readout multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new
 // codes; adds the number of fp16-saturated elements to *saturated (store = false: nothing).
+// prep: the row's EncodePrep where the caller formed it (prepare_rows), else null; with it the
+// caller counts the fp16-saturated elements itself (count_f16_saturated) and *saturated is left.
 template <Mode kMode, bool kShortSr = false>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
-                                         bool store) {
+                                         bool store, const EncodePrep* prep = nullptr) {
   const uint32_t e = uint32_t(row) * uint32_t(N) + uint32_t(n0);  // as in load_raw8
   int sat = 0;
   if constexpr (kMode == Mode::fp32) {
@@ -419,7 +483,8 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
     uint32_t w[4];
-    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w);
+    sat = prep ? encode8_f16_sr<kShortSr, false, false>(v, uint64_t(e), sr, w, 0.f, &prep->draw)
+               : encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(uint16_t(w[i / 2] >> (16 * (i % 2))));
     if (store) {
@@ -429,29 +494,36 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
     uint2 c;
-    const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, lanes, c, rv);
+    const float amax = prep ? prep->amax : chunk_amax(v, lanes);
+    const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, amax, c, rv);
     if (store) {
       *reinterpret_cast<uint2*>(static_cast<uint8_t*>(s.rec) + e) = c;
       if (lane_in_row == 0) s.rec_scale[row] = scale;
     }
     return scale;
   } else {
-    float scale, amax;  // amax: the row's, which bounds the SR's saturation check
+    float scale, amax, pair;  // amax: the row's, which bounds the SR's saturation check
+    if (prep) {
+      amax = prep->amax, pair = prep->pair;
+    } else {
+      amax = chunk_amax(v, lanes, &pair);
+    }
     if constexpr (kMode == Mode::separate_fp8) {
       uint2 c;
-      scale = encode8_row8bit<true>(v, lanes, c, rv, &amax);
+      scale = encode8_row8bit<true>(v, amax, c, rv);
       if (store) *reinterpret_cast<uint2*>(s.read + e) = c;
     } else {
       uint32_t packed;
       uint8_t bs;
-      scale = encode8_nvfp4(v, lanes, packed, bs, rv, &amax);
+      scale = encode8_nvfp4(v, amax, pair, packed, bs, rv);
       if (store) {
         *reinterpret_cast<uint32_t*>(s.read + e / 2) = packed;
         if ((lane_in_row & 1) == 0) s.read_block_scale[e / 16] = bs;
       }
     }
     uint32_t w[4];
-    sat = encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax);
+    sat = prep ? encode8_f16_sr<kShortSr, true, false>(v, uint64_t(e), sr, w, amax, &prep->draw)
+               : encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax);
     if (store) {
       if (lane_in_row == 0) s.read_scale[row] = scale;
       store8_u16(static_cast<uint16_t*>(s.rec) + e, w);

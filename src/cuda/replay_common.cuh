@@ -437,6 +437,22 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   return bad;
 }
 
+// sanitize8 of K chunks behind one probe: bad[r] = sanitize8(v[r]) (the common all-finite case
+// is one branch for the K rows instead of one per row).
+template <int K>
+__device__ __forceinline__ void sanitize_rows(float (&v)[K][8], int (&bad)[K]) {
+  float probe = 0.f;
+#pragma unroll
+  for (int r = 0; r < K; ++r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) probe = fmaf(v[r][i], 0.f, probe);
+#pragma unroll
+  for (int r = 0; r < K; ++r) bad[r] = 0;
+  if (isnan(probe))
+#pragma unroll
+    for (int r = 0; r < K; ++r) bad[r] = sanitize8(v[r]);
+}
+
 // Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.
 __device__ __forceinline__ void add_encode_stats(const ReplayParams& p, int saturated,
                                                  int nonfinite) {
