@@ -93,7 +93,6 @@ TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
   EXPECT_GT(checked, 10'000'000u);
 }
 
-
 // The row encoders of the flush (replay_codec.cuh), one row of 128 elements per 16 lanes: the
 // row amax both ways (chunk_amax, and chunk_amax_rows as prepare_rows forms it) and every
 // encoder from it. amax_ok[lane] = 1 where the two amaxes and block amaxes agree bit for bit.
@@ -140,12 +139,14 @@ TEST(DeviceCodecs, RowEncodersMatchReference) {
   auto add_row = [&](float scale, float zero_share) {
     std::uniform_real_distribution<float> u(0.f, 1.f);
     for (int i = 0; i < kRowLen; ++i)
-      rows.push_back(u(rng) < zero_share ? 0.f : scale * std::clamp(normal(rng), -3.f, 3.f) / 3.f);
+      rows.push_back(u(rng) < zero_share ? 0.f
+                                         : scale * (std::clamp(normal(rng), -3.f, 3.f) / 3.f));
   };
   for (int e = -112; e <= 127; ++e)
-    for (int k = 0; k < 24; ++k) add_row(std::ldexp(1.f + float(k) / 24.f, e), k % 4 == 0 ? .5f : 0.f);
+    for (int k = 0; k < 24; ++k)
+      add_row(std::ldexp(1.f + float(k) / 24.f, e), k % 4 == 0 ? .5f : 0.f);
   for (int k = 0; k < 64; ++k) add_row(0x1.fffffep127f, 0.f);  // amax up to FLT_MAX
-  add_row(0.f, 0.f);                                               // zero row
+  add_row(0.f, 0.f);                                           // zero row
   for (const float amax : {0x1.fffffep-101f, 0x1p-100f, 0x1.000002p-100f, 1.f, 448.f}) {
     add_row(amax, .3f);  // then the row's largest magnitude set to amax exactly
     float* r = rows.data() + rows.size() - kRowLen;
@@ -153,6 +154,7 @@ TEST(DeviceCodecs, RowEncodersMatchReference) {
     for (int i = 0; i < kRowLen; ++i) r[i] = std::clamp(r[i], -amax, amax);
   }
   while (rows.size() / kRowLen % 8 != 0) add_row(0.f, 0.f);  // whole warps (the shuffles)
+  for (const float x : rows) ASSERT_TRUE(std::isfinite(x));  // the encoders' inputs are sanitized
   const int R = int(rows.size()) / kRowLen;
   float *d_rows = nullptr, *d_scales = nullptr;
   uint2* d_codes = nullptr;
@@ -177,10 +179,10 @@ TEST(DeviceCodecs, RowEncodersMatchReference) {
   std::vector<uint8_t> bs(size_t(R) * (kRowLen / 16));
   std::vector<int> ok(lanes);
   CUDA_OK(cudaMemcpy(codes.data(), d_codes, codes.size() * sizeof(uint2), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(scales.data(), d_scales, scales.size() * sizeof(float),
-                     cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(packed.data(), d_nvfp4, packed.size() * sizeof(uint32_t),
-                     cudaMemcpyDeviceToHost));
+  CUDA_OK(
+      cudaMemcpy(scales.data(), d_scales, scales.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(
+      cudaMemcpy(packed.data(), d_nvfp4, packed.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(bs.data(), d_bs, bs.size(), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(ok.data(), d_ok, ok.size() * sizeof(int), cudaMemcpyDeviceToHost));
   cudaFree(d_rows), cudaFree(d_scales), cudaFree(d_codes), cudaFree(d_nvfp4), cudaFree(d_bs);
@@ -212,8 +214,8 @@ TEST(DeviceCodecs, RowEncodersMatchReference) {
       ASSERT_EQ(bs[size_t(r) * (kRowLen / 16) + b], want_bs[b]) << "row " << r << " block " << b;
     for (int l = 0; l < kRowLanes; ++l) ASSERT_EQ(ok[size_t(r) * kRowLanes + l], 1) << "row " << r;
   }
-  EXPECT_GT(live, 5000);    // rows of every binade from 2^-100 up
-  EXPECT_LT(live, R - 1);   // and zero rows
+  EXPECT_GT(live, 5000);   // rows of every binade from 2^-100 up
+  EXPECT_LT(live, R - 1);  // and zero rows
 }
 
 }  // namespace

@@ -431,8 +431,8 @@ TEST_P(LiveRowFactor, MatchesDivisionForEveryLiveAmax) {
     const float got = detail::div_rn_refined(k_scaled, b, ulps_from(1.f / b, o));
     const float want = k / amax;
     if (f32_bits(got) != f32_bits(want)) {
-      ADD_FAILURE() << std::hexfloat << "k " << k << " amax " << amax << " r0 offset " << o
-                    << ": " << got << " vs " << want;
+      ADD_FAILURE() << std::hexfloat << "k " << k << " amax " << amax << " r0 offset " << o << ": "
+                    << got << " vs " << want;
       return false;
     }
     ++checked;
@@ -451,7 +451,7 @@ TEST_P(LiveRowFactor, MatchesDivisionForEveryLiveAmax) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EncoderNumerators, LiveRowFactor,
-                         ::testing::Values(kE4m3Max * kE2m1Max, kE4m3Max, kInt8Max));
+                         ::testing::Values(kE4m3Max* kE2m1Max, kE4m3Max, kInt8Max));
 
 TEST(LiveRowFactorConstants, AreTheScaledNumerators) {
   EXPECT_EQ(kNvfp4GlobalScaled, 2688.f / 16384.f);

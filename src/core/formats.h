@@ -538,9 +538,7 @@ RSSM_HD float live_row_factor(float k_scaled /* k x 2^-14 */, float amax) {
 inline constexpr float kNvfp4GlobalScaled = kE4m3Max * kE2m1Max * kLiveRowFactorScale;
 inline constexpr float kE4m3MaxScaled = kE4m3Max * kLiveRowFactorScale;
 inline constexpr float kInt8MaxScaled = kInt8Max * kLiveRowFactorScale;
-RSSM_HD float nvfp4_global_factor(float amax) {
-  return live_row_factor(kNvfp4GlobalScaled, amax);
-}
+RSSM_HD float nvfp4_global_factor(float amax) { return live_row_factor(kNvfp4GlobalScaled, amax); }
 
 // NVFP4 (n a multiple of 16). Float-op order:
 //   g = 2688 / amax                       (2688 = 448 * 6; rounded)

@@ -400,8 +400,8 @@ struct EncodePrep {
 // The amax of each of K chunks over the lanes of its row (chunk_amax for K rows at once: one
 // exchange of every row per level, so that the K chains of shuffles overlap).
 template <int K>
-__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes,
-                                                float (&amax)[K], float (&pair)[K]) {
+__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes, float (&amax)[K],
+                                                float (&pair)[K]) {
 #pragma unroll
   for (int r = 0; r < K; ++r) {
     amax[r] = 0.f;
@@ -412,8 +412,8 @@ __device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lane
   for (int o = 1; o < 32; o <<= 1) {  // row_amax's exchanges, row by row within a level
 #pragma unroll
     for (int r = 0; r < K; ++r)
-      amax[r] = amax_combine(
-          amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o < 8 ? o : o & (lanes - 1)));
+      amax[r] =
+          amax_combine(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o < 8 ? o : o & (lanes - 1)));
     if (o == 1)
 #pragma unroll
       for (int r = 0; r < K; ++r) pair[r] = amax[r];
