@@ -444,8 +444,9 @@ __device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (
 // nothing, since their row may already hold the new values of its owner. Returns the values the
 // readout multiplies with C (rv) and the row scale, as decode_raw8 would return them from the new
 // codes; adds the number of fp16-saturated elements to *saturated (store = false: nothing).
-// prep: the row's EncodePrep where the caller formed it (prepare_rows), else null; with it the
-// caller counts the fp16-saturated elements itself (count_f16_saturated) and *saturated is left.
+// prep: the row's EncodePrep where the caller formed it (prepare_rows), else null; with it, in the
+// separate modes, the caller counts the carrier's fp16-saturated elements itself from the rows'
+// amaxes (count_f16_saturated), and they are not added to *saturated here.
 template <Mode kMode, bool kShortSr = false>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
@@ -483,8 +484,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
     uint32_t w[4];
-    sat = prep ? encode8_f16_sr<kShortSr, false, false>(v, uint64_t(e), sr, w, 0.f, &prep->draw)
-               : encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w);
+    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w, 0.f, prep ? &prep->draw : nullptr);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(uint16_t(w[i / 2] >> (16 * (i % 2))));
     if (store) {
