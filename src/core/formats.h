@@ -525,20 +525,17 @@ RSSM_HD void decode_row_int8(const int8_t* codes /*[n]*/, float scale, int n, fl
 // RN(k / amax) for a live row's amax (finite, at least 2^-100) and the encoders' numerators k =
 // 127, 448 (the 8-bit rows' factor) and 2688 (nvfp4's global factor g), as the CUDA encoders
 // compute it, without __fdiv_rn's range check and slow-path branch: both operands scaled by 2^-14
-// (exact) so that 1 / (amax 2^-14) is normal up to the largest float, then div_rn_refined from
-// rcp_approx. Every intermediate is normal over that range (the quotient is at least
-// 127 / FLT_MAX > 2^-122 and the remainder scales with neither operand), so each result is a
-// scaled copy of one for a divisor in [1, 2) (test_formats: every significand there, and every
-// one of the extreme binades of amax, for each k).
+// (exact; for a constant k the compiler folds k's) so that 1 / (amax 2^-14) is normal up to the
+// largest float, then div_rn_refined from rcp_approx. Every intermediate is normal over that range
+// (the quotient is at least 127 / FLT_MAX > 2^-122 and the remainder scales with neither operand),
+// so each result is a scaled copy of one for a divisor in [1, 2) (test_formats: every significand
+// there, and every one of the extreme binades of amax, for each k).
 inline constexpr float kLiveRowFactorScale = 0x1p-14f;
-RSSM_HD float live_row_factor(float k_scaled /* k x 2^-14 */, float amax) {
+RSSM_HD float live_row_factor(float k, float amax) {
   const float b = detail::mul_rn(amax, kLiveRowFactorScale);
-  return detail::div_rn_refined(k_scaled, b, detail::rcp_approx(b));
+  return detail::div_rn_refined(k * kLiveRowFactorScale, b, detail::rcp_approx(b));
 }
-inline constexpr float kNvfp4GlobalScaled = kE4m3Max * kE2m1Max * kLiveRowFactorScale;
-inline constexpr float kE4m3MaxScaled = kE4m3Max * kLiveRowFactorScale;
-inline constexpr float kInt8MaxScaled = kInt8Max * kLiveRowFactorScale;
-RSSM_HD float nvfp4_global_factor(float amax) { return live_row_factor(kNvfp4GlobalScaled, amax); }
+RSSM_HD float nvfp4_global_factor(float amax) { return live_row_factor(kE4m3Max * kE2m1Max, amax); }
 
 // NVFP4 (n a multiple of 16). Float-op order:
 //   g = 2688 / amax                       (2688 = 448 * 6; rounded)

@@ -204,21 +204,26 @@ __device__ __forceinline__ float amax_combine(float m, float a) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
   return r;
 }
-// The amax of m over the `lanes` lanes of a row (every lane of the warp takes part, whatever
-// its row's values: no exchange sits behind a branch). The exchanges go up from offset 1, so that
-// after the first one `pair` (if given) holds the amax of lanes (lane, lane ^ 1). lanes is 8, 16
-// or 32 (the replay rows: dstate / 8, and cuda_backend.cu admits dstate 64, 128 and 256 only), so
-// the offsets 1, 2 and 4 are always taken; 8 and 16 go through o & (lanes - 1), o while o < lanes
-// and otherwise 0, the lane's own value, which leaves the max as it is. At nemotron-h-8b's dstate
-// (16 lanes) that is one idle exchange instead of a uniform compare and branch around each of
-// five. The max is order independent (amax_combine).
-__device__ __forceinline__ float row_amax(float m, int lanes, float* pair = nullptr) {
+// The amax of each m[r] over the `lanes` lanes of its row, for K rows at once (one exchange of
+// every row per level, so that the K chains of shuffles overlap; every lane of the warp takes
+// part, whatever its rows' values: no exchange sits behind a branch). The exchanges go up from
+// offset 1, so that after the first one pair[r] holds the amax of lanes (lane, lane ^ 1). lanes is
+// 8, 16 or 32 (the replay rows: dstate / 8, and cuda_backend.cu admits dstate 64, 128 and 256
+// only), so the offsets 1, 2 and 4 are always taken; 8 and 16 go through o & (lanes - 1), o while o
+// < lanes and otherwise 0, the lane's own value, which leaves the max as it is. At nemotron-h-8b's
+// dstate (16 lanes) that is one idle exchange instead of a uniform compare and branch around each
+// of five. The max is order independent (amax_combine).
+template <int K>
+__device__ __forceinline__ void row_amax(float (&m)[K], int lanes, float (&pair)[K]) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    m = amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o < 8 ? o : o & (lanes - 1)));
-    if (o == 1 && pair != nullptr) *pair = m;
+#pragma unroll
+    for (int r = 0; r < K; ++r)
+      m[r] = amax_combine(m[r], __shfl_xor_sync(0xffffffffu, m[r], o < 8 ? o : o & (lanes - 1)));
+    if (o == 1)
+#pragma unroll
+      for (int r = 0; r < K; ++r) pair[r] = m[r];
   }
-  return m;
 }
 
 // One halving exchange of row_sum_values per level, Half pairs at a time, by template

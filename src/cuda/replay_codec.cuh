@@ -87,12 +87,17 @@ struct RawChunk {
   uint32_t extra;  // nvfp4 block scale
 };
 
+// The index of element n0 of checkpoint row `row` (h P + p) within the slot's sections, which is
+// also the stochastic rounding's element counter: below 2^31 (checked at construction), so 32-bit
+// arithmetic and a zero-extended add to the section pointer suffice.
+__device__ __forceinline__ uint32_t chunk_element(int64_t row, int n0, int N) {
+  return uint32_t(row) * uint32_t(N) + uint32_t(n0);
+}
+
 template <Mode kMode>
 __device__ __forceinline__ void load_raw8(const SlotSections& s, int64_t row, int n0, int N,
                                           bool rec, RawChunk& c) {
-  // Element offset within the slot's section: below 2^31 (checked at construction), so 32-bit
-  // arithmetic and a zero-extended add to the section pointer suffice.
-  const uint32_t e = uint32_t(row) * uint32_t(N) + uint32_t(n0);
+  const uint32_t e = chunk_element(row, n0, N);
   c.scale = 1.f;
   if constexpr (kMode == Mode::fp32) {
     c.lo = reinterpret_cast<const uint4*>(static_cast<const float*>(s.rec) + e)[0];
@@ -275,13 +280,29 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   return saturated;
 }
 
-// Row amax of a lane's 8-element chunk over the lanes of the row (cuda_common.cuh's row_amax);
-// `pair`: the amax of the lane pair, an nvfp4 block of 16 elements.
-__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr) {
+// The amax of a lane's 8 values (|.| folds into the max).
+__device__ __forceinline__ float lane_amax8(const float (&v)[8]) {
   float m = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));  // |.| folds into the max
-  return row_amax(m, lanes, pair);
+  for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));
+  return m;
+}
+// Row amax of each lane's 8-element chunk of K rows over the lanes of its row (cuda_common.cuh's
+// row_amax, the K rows' exchanges side by side); pair[r]: the amax of the lane pair, an nvfp4
+// block of 16 elements.
+template <int K>
+__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes, float (&amax)[K],
+                                                float (&pair)[K]) {
+#pragma unroll
+  for (int r = 0; r < K; ++r) amax[r] = lane_amax8(v[r]);
+  row_amax(amax, lanes, pair);
+}
+// The same for one row.
+__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr) {
+  float amax[1] = {lane_amax8(v)}, p[1];
+  row_amax(amax, lanes, p);
+  if (pair) *pair = p[0];
+  return amax[0];
 }
 
 // Two fp32 values to e4m3 codes (bits 0-7 and 8-15 of the result, the rest 0), round to nearest
@@ -306,7 +327,7 @@ __device__ __forceinline__ float encode8_row8bit(const float (&v)[8], float amax
   // = __fdiv_rn(kmax, amax) without its range check and slow path: amax is finite (sanitize8)
   // and at least 2^-100 where the row is live (formats.h live_row_factor); whatever it gives for
   // a zero row is discarded below.
-  const float inv = live_row_factor(kFp8 ? kE4m3MaxScaled : kInt8MaxScaled, amax);
+  const float inv = live_row_factor(kFp8 ? kE4m3Max : kInt8Max, amax);
   const float kmax = kFp8 ? kE4m3Max : kInt8Max;
   float t[8];
 #pragma unroll
@@ -397,29 +418,6 @@ struct EncodePrep {
   U32x4 draw;
 };
 
-// The amax of each of K chunks over the lanes of its row (chunk_amax for K rows at once: one
-// exchange of every row per level, so that the K chains of shuffles overlap).
-template <int K>
-__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes, float (&amax)[K],
-                                                float (&pair)[K]) {
-#pragma unroll
-  for (int r = 0; r < K; ++r) {
-    amax[r] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax[r] = amax_combine(amax[r], fabsf(v[r][i]));
-  }
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {  // row_amax's exchanges, row by row within a level
-#pragma unroll
-    for (int r = 0; r < K; ++r)
-      amax[r] =
-          amax_combine(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o < 8 ? o : o & (lanes - 1)));
-    if (o == 1)
-#pragma unroll
-      for (int r = 0; r < K; ++r) pair[r] = amax[r];
-  }
-}
-
 // EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p).
 template <Mode kMode, int K>
 __device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (&rows)[K], int n0,
@@ -433,8 +431,7 @@ __device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (
   }
   if constexpr (uses_stochastic_rounding(kMode)) {
 #pragma unroll
-    for (int r = 0; r < K; ++r)
-      prep[r].draw = sr_draw(sr, uint32_t(rows[r]) * uint32_t(N) + uint32_t(n0));
+    for (int r = 0; r < K; ++r) prep[r].draw = sr_draw(sr, chunk_element(rows[r], n0, N));
   }
 }
 
@@ -452,7 +449,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
                                          bool store, const EncodePrep* prep = nullptr) {
-  const uint32_t e = uint32_t(row) * uint32_t(N) + uint32_t(n0);  // as in load_raw8
+  const uint32_t e = chunk_element(row, n0, N);
   int sat = 0;
   if constexpr (kMode == Mode::fp32) {
     if (store) store8_f32(static_cast<float*>(s.rec) + e, v);

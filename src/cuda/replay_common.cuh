@@ -419,14 +419,16 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
   }
 }
 
-// NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
-__device__ __forceinline__ int sanitize8(float (&s)[8]) {
-  // v * 0 is NaN exactly when v is NaN or +-Inf: one FMA per element finds out whether any of the
-  // 8 needs fixing, and the per-element fix-up below is skipped in the common all-finite case.
-  float probe = 0.f;
+// v * 0 is NaN exactly when v is NaN or +-Inf: one FMA per element, accumulated into `probe`,
+// finds out whether any value needs fixing, so that the per-element fix-up is skipped in the
+// common all-finite case.
+__device__ __forceinline__ float nonfinite_probe8(const float (&s)[8], float probe = 0.f) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) probe = fmaf(s[i], 0.f, probe);
-  if (!isnan(probe)) return 0;
+  return probe;
+}
+// The fix-up: NaN -> 0, +-Inf -> +-FLT_MAX; returns the count.
+__device__ __forceinline__ int fix_nonfinite8(float (&s)[8]) {
   int bad = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -436,6 +438,10 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   }
   return bad;
 }
+// NaN -> 0 and +-Inf -> +-FLT_MAX before an encode, as the CPU reference does; returns the count.
+__device__ __forceinline__ int sanitize8(float (&s)[8]) {
+  return isnan(nonfinite_probe8(s)) ? fix_nonfinite8(s) : 0;
+}
 
 // sanitize8 of K chunks behind one probe: bad[r] = sanitize8(v[r]) (the common all-finite case
 // is one branch for the K rows instead of one per row).
@@ -443,14 +449,12 @@ template <int K>
 __device__ __forceinline__ void sanitize_rows(float (&v)[K][8], int (&bad)[K]) {
   float probe = 0.f;
 #pragma unroll
-  for (int r = 0; r < K; ++r)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) probe = fmaf(v[r][i], 0.f, probe);
+  for (int r = 0; r < K; ++r) probe = nonfinite_probe8(v[r], probe);
 #pragma unroll
   for (int r = 0; r < K; ++r) bad[r] = 0;
   if (isnan(probe))
 #pragma unroll
-    for (int r = 0; r < K; ++r) bad[r] = sanitize8(v[r]);
+    for (int r = 0; r < K; ++r) bad[r] = fix_nonfinite8(v[r]);
 }
 
 // Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.
