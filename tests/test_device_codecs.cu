@@ -93,9 +93,11 @@ TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
   EXPECT_GT(checked, 10'000'000u);
 }
 
-// The row encoders of the flush (replay_codec.cuh), one row of 128 elements per 16 lanes: the
-// row amax both ways (chunk_amax, and chunk_amax_rows as prepare_rows forms it) and every
-// encoder from it. amax_ok[lane] = 1 where the two amaxes and block amaxes agree bit for bit.
+// The row encoders of the flush (replay_codec.cuh), one row of 128 elements per 16 lanes, each
+// from the amax that chunk_amax_rows forms for two rows at once as prepare_rows does (the lane's
+// own row and the row R / 2 further on; the codes and scales show whether it is the row's amax).
+// amax_ok[lane] = 1 where both rows' amaxes and block amaxes agree bit for bit with chunk_amax's
+// of each row alone (the two rows' exchanges, side by side, do not mix).
 constexpr int kRowLen = 128, kRowLanes = kRowLen / 8;
 __global__ void row_encoders_kernel(const float* rows /*[R, 128]*/, int R, uint2* e4m3 /*[R, 16]*/,
                                     float* e4m3_scale /*[R]*/, uint2* int8 /*[R, 16]*/,
@@ -104,15 +106,25 @@ __global__ void row_encoders_kernel(const float* rows /*[R, 128]*/, int R, uint2
                                     int* amax_ok /*[R, 16]*/) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;  // R * 16 threads, whole warps
   const int row = t / kRowLanes, lane = t % kRowLanes;
-  if (row >= R) return;  // whole rows: the 16 lanes of a row leave together
-  float v[1][8];
+  if (row >= R) return;                 // whole rows: the 16 lanes of a row leave together
+  const int other = (row + R / 2) % R;  // R % 8 == 0: both rows' lanes are whole 16-lane groups
+  float v[2][8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[0][i] = rows[size_t(row) * kRowLen + lane * 8 + i];
-  float amax[1], pair[1], pair1;
+  for (int i = 0; i < 8; ++i) {
+    v[0][i] = rows[size_t(row) * kRowLen + lane * 8 + i];
+    v[1][i] = rows[size_t(other) * kRowLen + lane * 8 + i];
+  }
+  float amax[2], pair[2];
   cuda::chunk_amax_rows(v, kRowLanes, amax, pair);
-  const float amax1 = cuda::chunk_amax(v[0], kRowLanes, &pair1);
-  amax_ok[t] = __float_as_uint(amax1) == __float_as_uint(amax[0]) &&
-               __float_as_uint(pair1) == __float_as_uint(pair[0]);
+  bool ok = true;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float pair1;
+    const float amax1 = cuda::chunk_amax(v[r], kRowLanes, &pair1);
+    ok = ok && __float_as_uint(amax1) == __float_as_uint(amax[r]) &&
+         __float_as_uint(pair1) == __float_as_uint(pair[r]);
+  }
+  amax_ok[t] = ok;
   float rv[8];
   uint2 codes;
   const float s8 = cuda::encode8_row8bit<true>(v[0], amax[0], codes, rv);
