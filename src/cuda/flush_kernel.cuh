@@ -102,6 +102,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   // its rows are formed side by side before the rows' encodes (EncodePrep); at 2 rows and 80
   // registers the draws taken first spilled (H200 session 36), and so did separate-nvfp4's
   // one-round shape at 4 rows and 128 (24 bytes; its encode holds more).
+  // Elsewhere each row is sanitized just before its encode: the rows sanitized together first (one
+  // probe) held more registers, and the 2-row kernels at 80 spilled up to 24 bytes.
   constexpr bool kPrepFirst = kRows >= 4 && kMode != Mode::separate_nvfp4 &&
                               (is_separate(kMode) || is_shared_quantized(kMode));
   int saturated = 0, nonfinite = 0;
@@ -122,7 +124,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
     for (int r = 0; r < kRows; ++r) xrow[r] = clamped[r] - x_first;
     fold_rows(v, f, cur.committed, xrow, rm.n0, N, x_rows);
     int bad[kRows];
-    sanitize_rows(v, bad);
+    if constexpr (kPrepFirst) sanitize_rows(v, bad);
     int erow[kRows];  // the rows' indices in the checkpoint, h P + p
 #pragma unroll
     for (int r = 0; r < kRows; ++r) erow[r] = h * P + clamped[r];
@@ -130,6 +132,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
     if constexpr (kPrepFirst) prepare_rows<kMode>(v, erow, rm.n0, N, rm.lanes, sr, prep);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
+      if constexpr (!kPrepFirst) bad[r] = sanitize8(v[r]);
       float rv[8];
       // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
       encode8<kMode, kShortSr>(sec, erow[r], rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,

@@ -444,7 +444,9 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
 }
 
 // sanitize8 of K chunks behind one probe: bad[r] = sanitize8(v[r]) (the common all-finite case
-// is one branch for the K rows instead of one per row).
+// is one branch for the K rows instead of one per row). Past it each row probes itself again
+// (rare): with fix_nonfinite8 alone there, ptxas spilled about 200 bytes in separate-fp8's flush
+// kernels of the long stochastic rounding (r = 13).
 template <int K>
 __device__ __forceinline__ void sanitize_rows(float (&v)[K][8], int (&bad)[K]) {
   float probe = 0.f;
@@ -454,7 +456,7 @@ __device__ __forceinline__ void sanitize_rows(float (&v)[K][8], int (&bad)[K]) {
   for (int r = 0; r < K; ++r) bad[r] = 0;
   if (isnan(probe))
 #pragma unroll
-    for (int r = 0; r < K; ++r) bad[r] = fix_nonfinite8(v[r]);
+    for (int r = 0; r < K; ++r) bad[r] = sanitize8(v[r]);
 }
 
 // Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.
