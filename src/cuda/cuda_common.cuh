@@ -83,6 +83,14 @@ __device__ __forceinline__ float to_f32<__half>(__half v) {
 }
 
 // Eight consecutive elements, 16-byte aligned for 2-byte types and 32-byte for fp32.
+// Eight 16-bit values (T: __half or __nv_bfloat16) from their 16-byte vector.
+template <typename T>
+__device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {
+  const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_f32<T>(h[i]);
+}
+
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
   if constexpr (sizeof(T) == 4) {
@@ -91,10 +99,7 @@ __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
     out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
   } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = to_f32<T>(h[i]);
+    convert8<T>(*reinterpret_cast<const uint4*>(p), out);
   }
 }
 
@@ -106,6 +111,23 @@ __device__ __forceinline__ float act_f32(ActT v, bool f16) {
     return v;
   } else {
     return f16 ? __half2float(__ushort_as_half(v)) : __uint_as_float(uint32_t(v) << 16);
+  }
+}
+
+// The 8 activations of raw (one 16-byte vector of 16-bit values, two of fp32), as load8_act
+// converts them: one uniform branch on the 16-bit type.
+template <typename ActT>
+__device__ __forceinline__ void convert8_act(const uint4 (&raw)[sizeof(ActT) / 2], bool f16,
+                                             float (&out)[8]) {
+  if constexpr (sizeof(ActT) == 4) {
+    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
+                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(w[i]);
+  } else if (f16) {
+    convert8<__half>(raw[0], out);
+  } else {
+    convert8<__nv_bfloat16>(raw[0], out);
   }
 }
 

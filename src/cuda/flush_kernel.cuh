@@ -64,8 +64,9 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 }
 
 // kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
-// check_b >= 0: the item comes from the flush list and is skipped (after its first loads are
-// issued, so that their latency and the status words' overlap) unless entry check_b is valid.
+// check_b >= 0: the item comes from the flush list and is skipped (after its first loads and the
+// staging of its fold's operands, so that their latency and the status words' overlap) unless
+// entry check_b is valid.
 // kChunked: the item is chunk `chunk` of `chunks` shares of the head's row groups (flush_kernel);
 // otherwise the whole head (the arguments are ignored, and the loop keeps its registers).
 // held (small_verify_kernel): the fold's operands the block holds (stage_fold) and the first row
@@ -93,9 +94,13 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   } else {
     load_group<kMode>(sec, rm, h, P, N, row_begin, true, raw, prow);
   }
-  if (check_b >= 0 && !slot_ok(p, check_b)) return;  // uniform over the block
+  // The verdict is needed before the first store to the checkpoint, not before the staging of
+  // the fold's operands (shared memory only; a listed entry's cursors are a live slot's): its
+  // loads, the staging's and the first row group's share one trip to memory.
+  const EntryStatus status = check_b >= 0 ? EntryStatus::load(p, check_b) : EntryStatus{};
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
   stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), held, f);
+  if (!status.ok()) return;  // uniform over the block
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
   // Where a thread has 4 rows or more (128 registers), the row amaxes and random draws of all
@@ -163,14 +168,16 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // both forms cost 1-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us), so the launcher
 // picks the form and the whole-head one is the code it was before.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
+// first: the whole-head form's list entry of item blockIdx.x, loaded with the count.
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
-                                            float* smem) {
+                                            float* smem, const ValidatedEntry& first) {
   const int items = heads * chunks;
+  ValidatedEntry e = first;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int pair = kChunked ? item / chunks : item;  // consecutive blocks: one head's chunks
     const int listed = int(p.by_heads.div(pair));
-    const ValidatedEntry e = p.flush_list[listed];
+    if (kChunked || item != int(blockIdx.x)) e = p.flush_list[listed];
     flush_head<kMode, ActT, flush_rows(kMode, kOneRound), kShortSr, kChunked>(
         p, e.slot, e.cursors, pair - listed * p.H, smem, e.b, item - pair * chunks, chunks);
     __syncthreads();
@@ -183,6 +190,15 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
   static_assert(!(kChunked && kOneRound), "the one-round shape is a whole-head form");
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
+  // The whole-head form's first list entry is loaded before the count is known (the list holds
+  // p.batch entries; one past the count is never used), so that the count and the entry take
+  // one trip to memory instead of two: a spread W = 1 step's flush is one round of items, each
+  // block's a chain of such trips before its first row is folded.
+  ValidatedEntry first{};
+  if constexpr (!kChunked) {
+    const int listed = int(p.by_heads.div(blockIdx.x));
+    if (listed < p.batch) first = p.flush_list[listed];
+  }
   const int heads = *p.flush_count * p.H;
   // The chained verify after it may start now: only its blocks of flushing entries wait for this
   // grid (verify_kernel). After an explicit flush the next kernel is a plain launch, which this
@@ -196,9 +212,9 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
     const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);
     const int groups = (p.P + rows_per_group - 1) / rows_per_group;
     const int chunks = max(1, min(groups, int(gridDim.x) / heads));
-    flush_items<kMode, ActT, kShortSr, true, false>(p, heads, chunks, smem);
+    flush_items<kMode, ActT, kShortSr, true, false>(p, heads, chunks, smem, first);
   } else {
-    flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem);
+    flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem, first);
   }
   // The last block to finish (every block read the count before it got here) clears the count
   // for the next operation, so no memset node precedes the validate kernel.

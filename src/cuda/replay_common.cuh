@@ -110,10 +110,18 @@ __device__ __forceinline__ SrContext make_sr(const ReplayParams& p, const SlotCu
 // in the operation when all are 0.
 inline constexpr int kValidateSplit = 8;
 
+// An entry's status words, loaded where the caller wants their trip to memory to start and
+// checked (ok()) where it needs the verdict.
+struct EntryStatus {
+  int4 a, c;
+  __device__ static EntryStatus load(const ReplayParams& p, int b) {
+    const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
+    return EntryStatus{st[0], st[1]};
+  }
+  __device__ bool ok() const { return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0; }
+};
 __device__ __forceinline__ bool slot_ok(const ReplayParams& p, int b) {
-  const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
-  const int4 a = st[0], c = st[1];
-  return (a.x | a.y | a.z | a.w | c.x | c.y | c.z | c.w) == 0;
+  return EntryStatus::load(p, b).ok();
 }
 
 // True when one of the values packed in 16 bytes is NaN or Inf (exponent field all ones), by
@@ -236,20 +244,22 @@ struct StepSmem {
 
 // Shared memory of a fold (flush, prefill, state): the committed entries of one head.
 struct FoldSmem {
-  float* B;   // [L, N]
-  float* x;   // [L, P]
-  float* w;   // [L]  delta_k exp(A (L_{m-1} - L_k)) (delta_k while staging)
-  float* d0;  // [1]  exp(A L_{m-1})
+  float* B;      // [L, N]
+  float* x;      // [L, P]
+  float* w;      // [L]  delta_k exp(A (L_{m-1} - L_k))
+  float* delta;  // [L]  delta_k, logical order (staging)
+  float* d0;     // [1]  exp(A L_{m-1})
 
   __host__ __device__ static size_t bytes(int L, int N, int P) {
-    return sizeof(float) * (size_t(L) * (N + P + 1) + 4);
+    return sizeof(float) * (size_t(L) * (N + P + 2) + 4);
   }
   __device__ static FoldSmem carve(float* base, int L, int N, int P) {
     FoldSmem f;
     f.B = base;
     f.x = f.B + L * N;
     f.w = f.x + L * P;
-    f.d0 = f.w + L;
+    f.delta = f.w + L;
+    f.d0 = f.delta + L;
     return f;
   }
 };
@@ -267,22 +277,27 @@ struct StageSegment {
   float* rounded;
 };
 
-// Copies every segment in one pass of 8-element vector loads, two per thread in flight.
+// Copies every segment in one pass of 8-element vector loads, kInFlight per thread in flight:
+// each round issues its raw loads before it converts and stores any of them, so a thread waits
+// once per round (a fold's operands at history 16 and dstate 128 are 3 vectors per thread of a
+// 128-thread block: one round at kInFlight = 4).
 // kPow2Rows: every segment's n is a power of two (dstate), so a vector's row is a shift.
-template <typename ActT, bool kRound, bool kPow2Rows, int kSegments>
+template <typename ActT, bool kRound, bool kPow2Rows, int kSegments, int kInFlight = 2>
 __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[kSegments],
                                                const SlotCursors& cur, int L, bool f16) {
+  constexpr int kWords = sizeof(ActT) / 2;  // 16-byte words per 8 values
   int start[kSegments + 1];
   start[0] = 0;
 #pragma unroll
   for (int s = 0; s < kSegments; ++s) start[s + 1] = start[s] + seg[s].rows * (seg[s].n / 8);
   const int total = start[kSegments];
-  for (int u0 = threadIdx.x; u0 < total; u0 += 2 * blockDim.x) {
-    float v[2][8];
-    float* dst[2] = {nullptr, nullptr};
-    float* rounded[2] = {nullptr, nullptr};
+  for (int u0 = threadIdx.x; u0 < total; u0 += kInFlight * blockDim.x) {
+    uint4 raw[kInFlight][kWords];
+    float* dst[kInFlight];
+    float* rounded[kInFlight];
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kInFlight; ++q) {
+      dst[q] = rounded[q] = nullptr;
       const int u = u0 + q * blockDim.x;
       if (u >= total) continue;
       // Select the segment with compile-time indices only (a runtime index into `seg` would
@@ -296,18 +311,22 @@ __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[k
       const int k = kPow2Rows ? (u - first) >> (__ffs(per_row) - 1) : (u - first) / per_row;
       const int c = (u - first) - k * per_row;
       const int row = sg.ring ? ((cur.origin + k) & (L - 1)) : k;
-      load8_act(sg.src + int64_t(row) * sg.stride + 8 * c, f16, v[q]);
+      const uint4* src = reinterpret_cast<const uint4*>(sg.src + int64_t(row) * sg.stride + 8 * c);
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) raw[q][w] = src[w];
       dst[q] = sg.dst + k * sg.n + 8 * c;
       if (sg.rounded) rounded[q] = sg.rounded + k * sg.n + 8 * c;
     }
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kInFlight; ++q) {
       if (dst[q] == nullptr) continue;
-      store8_f32(dst[q], v[q]);
+      float v[8];
+      convert8_act<ActT>(raw[q], f16, v);
+      store8_f32(dst[q], v);
       if (rounded[q] == nullptr) continue;
       float r[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) r[i] = kRound ? bf16_to_f32(f32_to_bf16(v[q][i])) : v[q][i];
+      for (int i = 0; i < 8; ++i) r[i] = kRound ? bf16_to_f32(f32_to_bf16(v[i])) : v[i];
       store8_f32(rounded[q], r);
     }
   }
@@ -347,12 +366,24 @@ struct FoldOperands {
 // (f.x: [count, held ? held->x_rows : P], the rows the block holds):
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
 // (the CPU reference's order: scale the decoded row, then add the entries in logical order),
-// from the slot's ring, or from `held` where the block holds them.
-// Ends with a barrier; the weights are ready after the caller's next one.
+// from the slot's ring, or from `held` where the block holds them. The deltas' loads are issued
+// with the operands', and all of a thread's operand loads at once (one round at history 16,
+// dstate 128): a flush item's operands cost one trip to memory, not three.
+// Ends with the weights being written: they are ready after the caller's next barrier.
 template <typename ActT>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
                                            const FoldOperands<ActT>* held, const FoldSmem& f) {
+  // Thread t stages the delta of logical entry k_t (count <= L <= 32 < blockDim.x).
+  int k_t = -1;
+  float delta_t = 0.f;
+  if (held) {
+    if (int(threadIdx.x) < p.L)
+      k_t = (int(threadIdx.x) - cur.origin) & (p.L - 1), delta_t = held->delta;
+  } else if (int(threadIdx.x) < count) {
+    k_t = threadIdx.x;
+    delta_t = sec.ring_delta[ring_index(cur, k_t, p.L) * p.H + h];
+  }
   // The held copies are the group's and the head's alone ([L, N], [L, P]); the slot's ring rows
   // hold every group's B and every head's x.
   const StageSegment<ActT> seg[2] = {
@@ -361,29 +392,18 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
       {f.x, held ? held->x : static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
        held ? int64_t(held->x_rows) : int64_t(p.H) * p.P, count, held ? held->x_rows : p.P, true,
        nullptr}};
-  stage_segments<ActT, false, false>(seg, cur, p.L, p.act_f16);
-  if (held) {
-    if (int(threadIdx.x) < p.L) {
-      const int k = (int(threadIdx.x) - cur.origin) & (p.L - 1);
-      if (k < count) f.w[k] = held->delta;
-    }
-  } else {
-    for (int k = threadIdx.x; k < count; k += blockDim.x)
-      f.w[k] = sec.ring_delta[ring_index(cur, k, p.L) * p.H + h];
-  }
+  // 64 bytes per thread in flight: 4 vectors of 16-bit values, 2 of fp32 (4 spilled up to 136
+  // bytes in the fp32-activation flush kernels).
+  stage_segments<ActT, false, false, 2, 64 / (8 * int(sizeof(ActT)))>(seg, cur, p.L, p.act_f16);
+  if (k_t >= 0 && k_t < count) f.delta[k_t] = delta_t;
   __syncthreads();
-  // Thread k forms the weight of entry k (count <= L <= 32 < blockDim.x); every thread sums the
-  // deltas in logical order, the CPU reference's order.
+  // Thread k forms the weight of entry k; every thread sums the deltas in logical order, the CPU
+  // reference's order.
   const int k = threadIdx.x;
   float total = 0.f, upto = 0.f;
-  for (int q = 0; q < count; ++q) {
-    total += f.w[q];
-    if (q == k) upto = total;
-  }
-  const float dk = k < count ? f.w[k] : 0.f;
-  __syncthreads();
+  running_sums(f.delta, count, k, total, upto);
   const float A = p.head.A[h];
-  if (k < count) f.w[k] = dk * decay(A * (total - upto));
+  if (k < count) f.w[k] = f.delta[k] * decay(A * (total - upto));
   if (k == 0) *f.d0 = decay(A * total);
 }
 
