@@ -103,11 +103,9 @@ template <typename ActT>
 __device__ __forceinline__ void act8_f32(const uint4 (&raw)[sizeof(ActT) / 2], bool f16,
                                          float (&x)[8]) {
   if constexpr (sizeof(ActT) == 4) {
-    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
-                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = __uint_as_float(w[i]);
-  } else {
+    convert8_act<ActT>(raw, f16, x);
+  } else {  // a select per value: a variant with one uniform branch (and two other changes) was
+            // slower (H200 session 38, call 3)
     const uint32_t w[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
