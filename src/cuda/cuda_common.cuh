@@ -82,7 +82,6 @@ __device__ __forceinline__ float to_f32<__half>(__half v) {
   return __half2float(v);
 }
 
-// Eight consecutive elements, 16-byte aligned for 2-byte types and 32-byte for fp32.
 // Eight 16-bit values (T: __half or __nv_bfloat16) from their 16-byte vector.
 template <typename T>
 __device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {
@@ -91,6 +90,7 @@ __device__ __forceinline__ void convert8(const uint4& raw, float (&out)[8]) {
   for (int i = 0; i < 8; ++i) out[i] = to_f32<T>(h[i]);
 }
 
+// Eight consecutive elements, 16-byte aligned for 2-byte types and 32-byte for fp32.
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
   if constexpr (sizeof(T) == 4) {

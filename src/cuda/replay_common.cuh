@@ -134,6 +134,24 @@ __device__ __forceinline__ bool nonfinite16(const uint4 v, bool f16) {
                        f);
 }
 
+// Eight activations as they are in memory (16 or 32 bytes), converted where they are used: half
+// the registers of their fp32 values for 16-bit activations.
+template <typename ActT>
+struct Act8 {
+  uint4 raw[sizeof(ActT) / 2] = {};
+  __device__ void load(const ActT* src) {
+#pragma unroll
+    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) raw[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+  __device__ void get(bool f16, float (&out)[8]) const { convert8_act<ActT>(raw, f16, out); }
+  __device__ bool nonfinite(bool f16) const {
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) bad |= nonfinite16<ActT>(raw[i], f16);
+    return bad;
+  }
+};
+
 // The inputs of batch entry b as the validation scans them: x, B and C of every token as one run
 // of 16-byte vectors (x first), and dt.
 template <typename ActT>
@@ -285,14 +303,13 @@ struct StageSegment {
 template <typename ActT, bool kRound, bool kPow2Rows, int kSegments, int kInFlight = 2>
 __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[kSegments],
                                                const SlotCursors& cur, int L, bool f16) {
-  constexpr int kWords = sizeof(ActT) / 2;  // 16-byte words per 8 values
   int start[kSegments + 1];
   start[0] = 0;
 #pragma unroll
   for (int s = 0; s < kSegments; ++s) start[s + 1] = start[s] + seg[s].rows * (seg[s].n / 8);
   const int total = start[kSegments];
   for (int u0 = threadIdx.x; u0 < total; u0 += kInFlight * blockDim.x) {
-    uint4 raw[kInFlight][kWords];
+    Act8<ActT> raw[kInFlight];
     float* dst[kInFlight];
     float* rounded[kInFlight];
 #pragma unroll
@@ -311,9 +328,7 @@ __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[k
       const int k = kPow2Rows ? (u - first) >> (__ffs(per_row) - 1) : (u - first) / per_row;
       const int c = (u - first) - k * per_row;
       const int row = sg.ring ? ((cur.origin + k) & (L - 1)) : k;
-      const uint4* src = reinterpret_cast<const uint4*>(sg.src + int64_t(row) * sg.stride + 8 * c);
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) raw[q][w] = src[w];
+      raw[q].load(sg.src + int64_t(row) * sg.stride + 8 * c);
       dst[q] = sg.dst + k * sg.n + 8 * c;
       if (sg.rounded) rounded[q] = sg.rounded + k * sg.n + 8 * c;
     }
@@ -321,7 +336,7 @@ __device__ __forceinline__ void stage_segments(const StageSegment<ActT> (&seg)[k
     for (int q = 0; q < kInFlight; ++q) {
       if (dst[q] == nullptr) continue;
       float v[8];
-      convert8_act<ActT>(raw[q], f16, v);
+      raw[q].get(f16, v);
       store8_f32(dst[q], v);
       if (rounded[q] == nullptr) continue;
       float r[8];

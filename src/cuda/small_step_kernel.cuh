@@ -110,26 +110,6 @@ struct RingXStage {
   }
 };
 
-// Eight activations as they are in memory (16 or 32 bytes), converted where they are used: half
-// the registers of their fp32 values for 16-bit activations.
-template <typename ActT>
-struct Act8 {
-  uint4 raw[sizeof(ActT) / 2] = {};
-  __device__ void load(const ActT* src) {
-#pragma unroll
-    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) raw[i] = reinterpret_cast<const uint4*>(src)[i];
-  }
-  __device__ void get(bool f16, float (&out)[8]) const {
-    load8_act(reinterpret_cast<const ActT*>(raw), f16, out);
-  }
-  __device__ bool nonfinite(bool f16) const {
-    bool bad = false;
-#pragma unroll
-    for (int i = 0; i < int(sizeof(ActT)) / 2; ++i) bad |= nonfinite16<ActT>(raw[i], f16);
-    return bad;
-  }
-};
-
 // Grid ((H / G) << p.step_split_log2, G, batch) of kThreads: block (x, g, b) takes entry b's
 // head g H / G + (x >> p.step_split_log2), all its rows or (kSplit) one split of them.
 // kEntries: ring entries per lane of a row (history <= kEntries N / 8).
