@@ -35,7 +35,9 @@ inline constexpr int kFlushThreads = 128;
 // steps whose items stay whole and fit in one round of its grid (flush_fits_one_round; session
 // 17's A/B of the fixed shape, after the lighter e2m1 codecs: W = 1 batch 64 56.9 -> 51.9 us,
 // W = 8 batch 64 205.7 -> 211.4, W = 1 batch 256 173.4 -> 181.0). Only the whole-head form
-// takes it (replay_launch.cuh has the numbers).
+// takes it (replay_launch.cuh has the numbers). separate-fp8 given the same two shapes (2 rows at
+// 6 blocks wherever its items take more than one round) lost 1.5-5.1% wherever they differ (H200
+// session 39: batch 256 W = 8 434.2 -> 440.8 us, batch 16 W = 1 22.0 -> 23.1) and keeps 4 rows.
 constexpr bool has_one_round_flush(Mode mode) { return mode == Mode::separate_nvfp4; }
 constexpr int flush_rows(Mode mode, bool one_round = false) {
   const bool four = mode == Mode::separate_fp8 || (one_round && has_one_round_flush(mode));

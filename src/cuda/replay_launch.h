@@ -36,7 +36,9 @@ struct LaunchConfig {
 // 8/4-bit modes; batch 16, 4 instead of 2, -10 to -18% / -9 to -15%; batch 32 -4 to -12%; batch
 // 64 -0.7 to -6%, separate-fp8 W = 8 +0.6%; bench/results/2026-12-03-h200-session33.md). The fp32
 // mode lost 4-14% with it at batch 16 and 32 (its FMA readout walks the block's heads one after
-// another) and keeps 4 per SM.
+// another) and keeps 4 per SM. At W = 1 the tensor-core modes keep 2 per SM: aiming at 4 (batch
+// 64: 8 heads per block instead of 16) lost 5.6-12.6% at batch 64 and 25-33% at batch 16 (H200
+// session 39, bench/results/2026-12-04-h200-session39.md).
 inline int verify_heads_per_block(int batch, int H, int G, int tokens, int sm_count,
                                   bool direct_readout) {
   const int per_group = H / G;
