@@ -211,8 +211,10 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int t = threadIdx.x + q * blockDim.x, hh = t >> log2_L, k = t & (L - 1);
+      // Raw: both loads in flight before either is processed (in store() below); as one call
+      // each the loads waited one after the other, behind a branch (H200 session 40, ncu).
       head_delta_ahead[q] =
-          t < delta_pairs && k < m ? entry_delta(p, sec, after, b, h0 + hh, k) : 0.f;
+          t < delta_pairs && k < m ? entry_delta_raw(p, sec, after, b, h0 + hh, k) : 0.f;
     }
   }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
@@ -316,7 +318,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int t = threadIdx.x + q * blockDim.x;
-      if (t < delta_pairs) store(t, head_delta_ahead[q]);
+      if (t < delta_pairs)
+        store(t,
+              entry_delta_from_raw(p, after, h0 + (t >> log2_L), t & (L - 1), head_delta_ahead[q]));
     }
     // The rest (history 32 at 16 heads per block) two at a time, loads before stores as above.
     for (int t0 = threadIdx.x + 2 * blockDim.x; t0 < delta_pairs; t0 += 2 * blockDim.x) {
@@ -335,6 +339,15 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   }
   if constexpr (kRawStage) cp_async_wait<0>();
   __syncthreads();
+  // The direct readout's next codes into L2 while the block forms its dots and weights
+  // (DirectReader::prefetch_l2). H200 session 40, separate-fp8 batch 64 / 256, us per step,
+  // against none: 32 KB here 44.4 -> 43.7 / 155.4 -> 152.2 at W = 1, 121.8 -> 121.0 /
+  // 435.4 -> 433.3 at W = 8; 32 KB at the block's start or after the staging's issue gained
+  // less (W = 8 batch 64 up to +1.4%), 64 and 112 KB after the issue lost 1-9%: L2 holds about
+  // 95 KB per resident block, and the prefetch must not delay the prologue's own loads.
+  if constexpr (kDirect)
+    direct.prefetch_l2(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P,
+                       p.heads_per_block, kDirectL2Prefetch);
   constexpr bool kDotsMma = (kW > 1 && sizeof(ActT) == 2) || kRawStage;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA

@@ -124,6 +124,22 @@ __device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSe
   return 0.f;
 }
 
+// entry_delta in two halves, so that several loads are in flight before any is used: the raw
+// value (the ring's delta of a committed entry, the window entry's dt; k < m), and its
+// processing where it is needed.
+__device__ __forceinline__ float entry_delta_raw(const ReplayParams& p, const SlotSections& sec,
+                                                 const SlotCursors& after, int b, int h, int k) {
+  const int c = after.committed;
+  return k < c ? sec.ring_delta[ring_index(after, k, p.L) * p.H + h]
+               : p.dt[(int64_t(b) * p.tokens + k - c) * p.H + h];
+}
+__device__ __forceinline__ float entry_delta_from_raw(const ReplayParams& p,
+                                                      const SlotCursors& after, int h, int k,
+                                                      float raw) {
+  return k < after.committed ? raw
+                             : process_dt(raw, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+}
+
 // Which 16-byte vectors of a unit a thread copies: per_k of them per row (a code row, or one
 // entry's x row). When per_k divides the block, thread t always copies vector t % per_k of rows
 // t / per_k, t / per_k + k_stride, ... and no division is needed.
