@@ -43,9 +43,11 @@ namespace replayssm::cuda {
 inline constexpr int kDirectMaxWindow = 4;  // with the ring term on the CUDA cores
 inline constexpr int kDirectDepth = 4;      // pieces (16 rows x 64 codes) in flight per warp
 inline constexpr int kDirectMinBlocks = 4;  // blocks per SM the registers aim at
-// Code bytes per block hinted into L2 after the prologue's staging (verify_kernel; beyond the
-// kDirectDepth pieces per warp in registers).
-inline constexpr int kDirectL2Prefetch = 32 * 1024;
+// Code rows per block hinted into L2 after the prologue's staging (verify_kernel; beyond the
+// kDirectDepth pieces per warp in registers): 32 KB of 8-bit codes at dstate 128. As 32 KB,
+// separate-nvfp4's 64-byte rows took half a block's codes at batch 64 and its steps 0.9-2.0%
+// longer there (H200 session 40).
+inline constexpr int kDirectL2PrefetchRows = 256;
 
 // The modes VerifyVariant::chained_direct is compiled for: every mode read on the tensor cores
 // (8-bit codes and nvfp4).
@@ -324,12 +326,13 @@ struct DirectReader {
     q.scale[0] = row_scale[rows];
     q.scale[1] = row_scale[rows + 8];
   }
-  // Hints that up to `bytes` of the block's codes after those the warps request first (prefetch)
-  // be brought into L2, in 4 KB pieces spread over the block's threads (codes as in init).
-  __device__ void prefetch_l2(const uint8_t* codes, int h0, int P, int heads, int bytes) const {
+  // Hints that up to `rows` of the block's code rows after those the warps request first
+  // (prefetch) be brought into L2, in 4 KB pieces spread over the block's threads (codes as in
+  // init).
+  __device__ void prefetch_l2(const uint8_t* codes, int h0, int P, int heads, int rows) const {
     const int64_t block = int64_t(heads) * P * kRowBytes;
     const int64_t begin = min(block, int64_t(kAhead) * (blockDim.x / 32) * 16 * kRowBytes);
-    const int64_t end = min(block, begin + bytes);
+    const int64_t end = min(block, begin + int64_t(rows) * kRowBytes);
     const uint8_t* base = codes + int64_t(h0) * P * kRowBytes;
     for (int64_t o = begin + 4096 * int64_t(threadIdx.x); o < end; o += 4096 * int64_t(blockDim.x))
       bulk_prefetch_l2(base + o, uint32_t(min(int64_t(4096), end - o)));

@@ -341,13 +341,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   __syncthreads();
   // The direct readout's next codes into L2 while the block forms its dots and weights
   // (DirectReader::prefetch_l2). H200 session 40, separate-fp8 batch 64 / 256, us per step,
-  // against none: 32 KB here 44.4 -> 43.7 / 155.4 -> 152.2 at W = 1, 121.8 -> 121.0 /
-  // 435.4 -> 433.3 at W = 8; 32 KB at the block's start or after the staging's issue gained
-  // less (W = 8 batch 64 up to +1.4%), 64 and 112 KB after the issue lost 1-9%: L2 holds about
-  // 95 KB per resident block, and the prefetch must not delay the prologue's own loads.
+  // against none: 32 KB (256 rows) here 44.4 -> 43.7 / 155.4 -> 152.2 at W = 1, 121.8 ->
+  // 121.0 / 435.4 -> 433.3 at W = 8; 32 KB at the block's start or after the staging's issue
+  // gained less (W = 8 batch 64 up to +1.4%), 64 and 112 KB after the issue lost 1-9%: L2 holds
+  // about 95 KB per resident block, and the prefetch must not delay the prologue's own loads.
   if constexpr (kDirect)
     direct.prefetch_l2(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P,
-                       p.heads_per_block, kDirectL2Prefetch);
+                       p.heads_per_block, kDirectL2PrefetchRows);
   constexpr bool kDotsMma = (kW > 1 && sizeof(ActT) == 2) || kRawStage;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
