@@ -114,19 +114,9 @@ __device__ __forceinline__ const ActT* entry_x_row(const ReplayParams& p, const 
            (int64_t(ring_index(after, k, p.L)) * p.H + h) * p.P;
   return static_cast<const ActT*>(p.x) + ((int64_t(b) * p.tokens + k - c) * p.H + h) * p.P;
 }
-__device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSections& sec,
-                                             const SlotCursors& after, int b, int h, int k) {
-  const int c = after.committed;
-  if (k < c) return sec.ring_delta[ring_index(after, k, p.L) * p.H + h];
-  if (k < c + p.tokens)
-    return process_dt(p.dt[(int64_t(b) * p.tokens + k - c) * p.H + h], p.head.dt_bias[h],
-                      p.head.dt_min, p.head.dt_max);
-  return 0.f;
-}
-
-// entry_delta in two halves, so that several loads are in flight before any is used: the raw
-// value (the ring's delta of a committed entry, the window entry's dt; k < m), and its
-// processing where it is needed.
+// delta_k of head h (k < c + W, else 0): the ring's of a committed entry, else processed from the
+// window entry's dt. In two halves where several loads should be in flight before any is used:
+// the raw value (k < c + W) and its processing.
 __device__ __forceinline__ float entry_delta_raw(const ReplayParams& p, const SlotSections& sec,
                                                  const SlotCursors& after, int b, int h, int k) {
   const int c = after.committed;
@@ -138,6 +128,11 @@ __device__ __forceinline__ float entry_delta_from_raw(const ReplayParams& p,
                                                       float raw) {
   return k < after.committed ? raw
                              : process_dt(raw, p.head.dt_bias[h], p.head.dt_min, p.head.dt_max);
+}
+__device__ __forceinline__ float entry_delta(const ReplayParams& p, const SlotSections& sec,
+                                             const SlotCursors& after, int b, int h, int k) {
+  if (k >= after.committed + p.tokens) return 0.f;
+  return entry_delta_from_raw(p, after, h, k, entry_delta_raw(p, sec, after, b, h, k));
 }
 
 // Which 16-byte vectors of a unit a thread copies: per_k of them per row (a code row, or one
