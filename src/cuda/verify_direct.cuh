@@ -207,15 +207,28 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
       if (v < vectors && j == 0) {
         float s[8];
         load8(scales + r0, s);
+        if constexpr (kW == 1) {
+          // Two 16-byte stores per array (2-way bank conflicts): 8 scalar stores per lane, the
+          // lanes' rows 8 floats apart, were 8-way conflicts (H200 session 40, ncu, W = 1 batch
+          // 64 separate-fp8: 229 K of the verify's 271 K excess shared-memory wavefronts).
+          const float dec = sm.head_dec[hh] * sm.c_unscale[0];
+          float4* gain = reinterpret_cast<float4*>(ds.gain + r0);
+          float4* ring = reinterpret_cast<float4*>(ds.ring + r0);
+          gain[0] = make_float4(dec * s[0], dec * s[1], dec * s[2], dec * s[3]);
+          gain[1] = make_float4(dec * s[4], dec * s[5], dec * s[6], dec * s[7]);
+          ring[0] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+          ring[1] = make_float4(acc[0][4], acc[0][5], acc[0][6], acc[0][7]);
+        } else {
 #pragma unroll
-        for (int jj = 0; jj < kJ; ++jj) {
-          const int jw = j0 + jj;
-          if (jw >= W) break;
-          const float dec = sm.head_dec[hh * kW + jw] * sm.c_unscale[jw];
+          for (int jj = 0; jj < kJ; ++jj) {
+            const int jw = j0 + jj;
+            if (jw >= W) break;
+            const float dec = sm.head_dec[hh * kW + jw] * sm.c_unscale[jw];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            ds.gain[(r0 + i) * kW + jw] = dec * s[i];
-            ds.ring[(r0 + i) * kW + jw] = acc[jj][i];
+            for (int i = 0; i < 8; ++i) {
+              ds.gain[(r0 + i) * kW + jw] = dec * s[i];
+              ds.ring[(r0 + i) * kW + jw] = acc[jj][i];
+            }
           }
         }
       }

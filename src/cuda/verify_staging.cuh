@@ -350,4 +350,22 @@ __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int 
   advance_cursors(p, b, slot, known);
 }
 
+// The end of a chained verify block that arrived early (early_arrival, after its last read of
+// the ring): the entry's last block to arrive advances the cursors from `validated`, the entry's
+// copy made by validate_tokens (no kernel of the step writes the slot's cursors before this),
+// flushing them where flush_kernel folded the entry.
+__device__ __forceinline__ void finish_arrived_verify(const ReplayParams& p, int b, int slot,
+                                                      int blocks_per_entry,
+                                                      const SlotCursors& validated, int ticket) {
+  if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
+  SlotCursors cur = validated;
+  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
+  if (flush) apply_flush(cur, p.L);
+  advance_cursors(p, b, slot, cur);
+  if (flush) {
+    atomicAdd(&p.stats->flushes, 1ull);
+    atomicAdd(&p.stats->checkpoint_writes, 1ull);
+  }
+}
+
 }  // namespace replayssm::cuda
