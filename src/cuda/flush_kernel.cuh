@@ -170,7 +170,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // both forms cost 1-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us), so the launcher
 // picks the form and the whole-head one is the code it was before.
 // kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
-// first: the whole-head form's list entry of item blockIdx.x, loaded with the count.
+// first: the whole-head form's list entry of item blockIdx.x, loaded with the count. The chunked
+// form loads every item's entry itself and ignores it (its caller passes an empty one).
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
                                             float* smem, const ValidatedEntry& first) {
