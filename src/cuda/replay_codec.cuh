@@ -47,6 +47,17 @@ __device__ __forceinline__ SlotSections slot_sections(const SlotGeometry& g, int
   return s;
 }
 
+// What a readout reads: in the separate modes the read copy ([H * P, row bytes] codes, [H * P]
+// row scales), elsewhere the recurrence checkpoint itself.
+template <Mode kMode>
+__device__ __forceinline__ const uint8_t* readout_codes(const SlotSections& s) {
+  return static_cast<const uint8_t*>(is_separate(kMode) ? s.read : s.rec);
+}
+template <Mode kMode>
+__device__ __forceinline__ const float* readout_scales(const SlotSections& s) {
+  return is_separate(kMode) ? s.read_scale : s.rec_scale;
+}
+
 // Eight e4m3 codes to fp32 through the hardware converter (exact: e4m3 -> fp16 -> fp32).
 __device__ __forceinline__ void e4m3x8_to_f32(const uint8_t (&c)[8], float (&v)[8]) {
 #pragma unroll

@@ -160,7 +160,7 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   const int j = threadIdx.x % split, per_pass = blockDim.x / split;
   const int64_t entry_stride = int64_t(p.H) * P;  // ring x [L, H, P]
   const ActT* x0 = static_cast<const ActT*>(sec.ring_x) + int64_t(h0) * P;
-  const float* scales = (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P;
+  const float* scales = readout_scales<kMode>(sec) + int64_t(h0) * P;
   for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
     const int v = v0 + threadIdx.x / split, r0 = 8 * v, hh = r0 / P;
     for (int j0 = 0; j0 < W; j0 += kJ) {

@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
                kRingMmaCompiled ? kEntries : 1>
       direct;
   if constexpr (kDirect) {
-    direct.init(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec),
-                sec.read_block_scale, h0, P, p.heads_per_block);
+    direct.init(readout_codes<kMode>(sec), sec.read_block_scale, h0, P, p.heads_per_block);
     if constexpr (kRingMmaCompiled) {
       if (direct_ring) {
         // Entries 16 s + g and 16 s + 8 + g of this lane (m <= L <= 16 kEntries), at the block's
@@ -153,8 +152,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         const uint16_t* x[2 * kEntries];
 #pragma unroll
         for (int e = 0; e < 2 * kEntries; ++e) x[e] = entry_x(8 * e + g8);
-        direct.init_ring(x,
-                         (is_separate(kMode) ? sec.read_scale : sec.rec_scale) + int64_t(h0) * P);
+        direct.init_ring(x, readout_scales<kMode>(sec) + int64_t(h0) * P);
         // The walk requests a tile's ring operands one or two tiles ahead (kRingAhead), too late
         // to hide a DRAM round trip; the committed entries' x rows of the block's heads (one
         // contiguous run per entry) are brought into L2 now, one bulk prefetch per entry.
@@ -346,8 +344,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // gained less (W = 8 batch 64 up to +1.4%), 64 and 112 KB after the issue lost 1-9%: L2 holds
   // about 95 KB per resident block, and the prefetch must not delay the prologue's own loads.
   if constexpr (kDirect)
-    direct.prefetch_l2(static_cast<const uint8_t*>(is_separate(kMode) ? sec.read : sec.rec), h0, P,
-                       p.heads_per_block, kDirectL2PrefetchRows);
+    direct.prefetch_l2(readout_codes<kMode>(sec), h0, P, p.heads_per_block, kDirectL2PrefetchRows);
   constexpr bool kDotsMma = (kW > 1 && sizeof(ActT) == 2) || kRawStage;
   if constexpr (kDotsMma) {
     // On the tensor cores (H200, phase clocks of the direct verify at W = 8 batch 64: the FMA
@@ -477,7 +474,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     with_output_type(p.y, p.y_dtype, [&](auto* y) {
       direct.template run<kW>(sm.c_frag, ds, y + y0, W, window_stride);
     });
-    finish_arrived_verify(p, b, slot, G * chunks, e.cursors, ticket);
+    finish_arrived_verify<ActT>(p, b, slot, G * chunks, e.cursors, ticket);
     return;
   }
   if constexpr (kMma && !kRawStage)

@@ -173,8 +173,7 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
                                            int h, int row0, int m) {
   const int64_t row = int64_t(h) * p.P + row0;
   const SlotSections v = vs.view(stage);
-  constexpr bool kSeparate = is_separate(kMode);
-  const uint8_t* codes = static_cast<const uint8_t*>(kSeparate ? sec.read : sec.rec);
+  const uint8_t* codes = readout_codes<kMode>(sec);
   if (vs.code_pitch == vs.code_bytes) {
     cp_async_block(v.rec, codes + row * vs.code_bytes, vs.rows * vs.code_bytes);
   } else {
@@ -185,8 +184,7 @@ __device__ __forceinline__ void issue_unit(const ReplayParams& p, const SlotSect
     });
   }
   if (vs.scale_bytes)
-    cp_async_block(v.rec_scale, (kSeparate ? sec.read_scale : sec.rec_scale) + row,
-                   vs.rows * vs.scale_bytes);
+    cp_async_block(v.rec_scale, readout_scales<kMode>(sec) + row, vs.rows * vs.scale_bytes);
   if (vs.block_bytes)
     cp_async_block(v.read_block_scale, sec.read_block_scale + row * vs.block_bytes,
                    vs.rows * vs.block_bytes);
@@ -263,6 +261,28 @@ __device__ __forceinline__ void advance_cursors(const ReplayParams& p, int b, in
   p.cursors[slot] = cur;
 }
 
+// The work of an entry's last block once every block of the entry is done with the cursors and
+// the ring (finish_verify, finish_arrived_verify): `cur` is the slot's cursors as the step read
+// them, flushed here where the step flushed; in one launch the whole block appends what the
+// fold left to it (finish_verify says what), then thread 0 advances the cursors and counts the
+// flush. Without kOneLaunch only thread 0 need call it.
+template <typename ActT, bool kOneLaunch>
+__device__ __forceinline__ void finish_entry(const ReplayParams& p, int b, int slot,
+                                             SlotCursors cur, WindowAppend append) {
+  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
+  if (flush) apply_flush(cur, p.L);
+  if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
+  if (kOneLaunch && flush && append != WindowAppend::none)
+    append_window_x_delta<ActT>(p, b, slot_sections(p.geo, slot), cur,
+                                append == WindowAppend::x_and_delta);
+  if (threadIdx.x != 0) return;
+  advance_cursors(p, b, slot, cur);
+  if (flush) {
+    atomicAdd(&p.stats->flushes, 1ull);
+    atomicAdd(&p.stats->checkpoint_writes, 1ull);
+  }
+}
+
 // The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
 // counter) advances the slot's cursors, so no block of the entry can still read the old ones
 // and no separate finalize launch is needed. In one launch (small_step_kernel,
@@ -293,19 +313,7 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
     return;
   }
   __threadfence();
-  SlotCursors cur = known != nullptr ? *known : p.cursors[slot];
-  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
-  if (flush) apply_flush(cur, p.L);
-  if (kOneLaunch && flush) append_window_B<ActT>(p, b, slot_sections(p.geo, slot), cur, 0, p.G);
-  if (kOneLaunch && flush && append != WindowAppend::none)
-    append_window_x_delta<ActT>(p, b, slot_sections(p.geo, slot), cur,
-                                append == WindowAppend::x_and_delta);
-  if (threadIdx.x != 0) return;
-  advance_cursors(p, b, slot, cur);
-  if (flush) {
-    atomicAdd(&p.stats->flushes, 1ull);
-    atomicAdd(&p.stats->checkpoint_writes, 1ull);
-  }
+  finish_entry<ActT, kOneLaunch>(p, b, slot, known != nullptr ? *known : p.cursors[slot], append);
 }
 
 // The arrival of a block of small_step_kernel or small_verify_kernel at a step that does not
@@ -351,21 +359,14 @@ __device__ __forceinline__ void finish_early_arrival(const ReplayParams& p, int 
 }
 
 // The end of a chained verify block that arrived early (early_arrival, after its last read of
-// the ring): the entry's last block to arrive advances the cursors from `validated`, the entry's
-// copy made by validate_tokens (no kernel of the step writes the slot's cursors before this),
-// flushing them where flush_kernel folded the entry.
+// the ring): the entry's last block to arrive finishes the entry from `validated`, the entry's
+// copy made by validate_tokens (no kernel of the step writes the slot's cursors before this).
+template <typename ActT>
 __device__ __forceinline__ void finish_arrived_verify(const ReplayParams& p, int b, int slot,
                                                       int blocks_per_entry,
                                                       const SlotCursors& validated, int ticket) {
   if (threadIdx.x != 0 || ticket != blocks_per_entry - 1) return;
-  SlotCursors cur = validated;
-  const bool flush = verify_needs_flush(cur, p.tokens, p.L);
-  if (flush) apply_flush(cur, p.L);
-  advance_cursors(p, b, slot, cur);
-  if (flush) {
-    atomicAdd(&p.stats->flushes, 1ull);
-    atomicAdd(&p.stats->checkpoint_writes, 1ull);
-  }
+  finish_entry<ActT, false>(p, b, slot, validated, WindowAppend::none);
 }
 
 }  // namespace replayssm::cuda
