@@ -10,6 +10,7 @@ main's before any device time is spent.
   scripts/ptxas_report.py src/cuda/modes/separate_nvfp4.cu
   scripts/ptxas_report.py --tree .cuda-wt/X --spills src/cuda/modes/separate_fp8.cu
   scripts/ptxas_report.py --grep verify_kernel src/cuda/modes/*.cu
+  scripts/ptxas_report.py --keep /tmp/obj src/cuda/modes/separate_nvfp4.cu  # then cuobjdump -sass
 
 Each source takes a few minutes (every instantiation of the mode). The build folder needs the
 Ninja generator and a CUDA configuration (scripts/setup.sh's default build/ is one).
@@ -96,15 +97,19 @@ def main():
     ap.add_argument("--tree", default=".", help="checkout to compile (default: this one)")
     ap.add_argument("--spills", action="store_true", help="only kernels that spill")
     ap.add_argument("--grep", default="", help="only kernels whose demangled name contains this")
+    ap.add_argument("--keep", default="", help="folder to keep the objects in (SASS for cuobjdump)")
     args = ap.parse_args()
     root = os.path.realpath(os.getcwd())
     tree = os.path.realpath(args.tree)
     build = os.path.realpath(args.build)
     status = 0
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for src in args.sources:
             cmd = compile_command(build, os.path.join(root, src))
-            obj = os.path.join(tmp, os.path.basename(src) + ".o")
+            obj = os.path.join(os.path.realpath(args.keep) if args.keep else tmp,
+                               os.path.basename(src) + ".o")
             res = subprocess.run(retarget(cmd, root, tree, obj), cwd=build, capture_output=True,
                                  text=True)
             if res.returncode != 0:
