@@ -65,13 +65,13 @@ def walk(code, start, end, decisions, limit=1_000_000):
     return ops
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sass", help="cuobjdump -sass output of one function")
     ap.add_argument("start", help="first address (hex)")
     ap.add_argument("end", help="address where the walk stops, not counted (hex)")
     ap.add_argument("decisions", nargs="*", help="ADDR=T, ADDR=N or ADDR=L<k> per branch")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     decisions = {}
     for d in args.decisions:
         addr, rule = d.split("=")
@@ -81,7 +81,8 @@ def main():
     ops = walk(read_sass(args.sass), int(args.start, 16), int(args.end, 16), decisions)
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
     print(f"{sum(ops.values())} instructions: {top}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
