@@ -42,11 +42,13 @@ def walk(code, start, end, decisions, limit=1_000_000):
     taken_count = collections.Counter()
     ops = collections.Counter()
     pc = start
+    issued = 0
     while pc != end:
         if pc not in code:
             sys.exit(f"sass_path: no instruction at {pc:#x}")
-        if sum(ops.values()) >= limit:
+        if issued >= limit:
             sys.exit("sass_path: no end reached (a loop without a decision?)")
+        issued += 1
         text = code[pc]
         op = opcode(text)
         ops[op] += 1
