@@ -24,15 +24,16 @@ __global__ void sr_pairs_kernel(const float* x /*[2n]*/, const uint32_t* random 
                                 uint32_t* words /*[n]*/, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  words[i] = cuda::f16x2_sr_short(x[2 * i], x[2 * i + 1], cuda::sr_addend(random[2 * i], r),
-                                  cuda::sr_addend(random[2 * i + 1], r));
+  words[i] = cuda::f16x2_sr_short(x[2 * i], x[2 * i + 1], f16_sr_fraction(random[2 * i], r),
+                                  f16_sr_fraction(random[2 * i + 1], r));
 }
 
 // The device's short form (cvt.rz.satfinite on a pre-added sum, replay_codec.cuh) gives
 // f32_to_f16_sr's bits for every r <= 12 and non-NaN x: each fp32 exponent from subnormals to
 // above fp16's range with every 13-bit discarded field, a strided sweep of all magnitudes, and
-// every random value at the edges of each range (the binade carries of the subnormal lift, the
-// saturation at 65504, Inf); both signs; the pair's two halves swapped each time.
+// every random value at the edges of each range (binade carries, the subnormal range, the
+// saturation at 65504, Inf), and subnormal sums just short of a multiple of 2^-24; both signs; the
+// pair's two halves swapped each time.
 TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
@@ -49,6 +50,14 @@ TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
       add((e << 23) | (rng() & 0x7fe000u) | field, rng());
   for (uint32_t a = 0; a < 0x7f800000u; a += 0x3fffdu) add(a, rng());
   add(0x7f800000u, rng());
+  // Subnormal results whose exact |x| + A falls just short of a multiple of 2^-24, where only an
+  // addition toward zero keeps the fp16 value (test_formats has the same cases).
+  for (int r = 1; r <= kSrFastMaxBits; ++r)
+    for (uint32_t R : {0u, 1u, (1u << r) - 1u, uint32_t(rng()) & ((1u << r) - 1u)})
+      for (uint32_t k : {1u, 2u, 3u, 1023u, 1024u}) {
+        const float target = float(k) * 0x1p-24f - std::ldexp(2.f * float(R) + 1.f, -r - 25);
+        for (uint32_t below = 1; below <= 3; ++below) add(f32_bits(target) - below, R);
+      }
   for (uint32_t R = 0; R < 4096; ++R)
     for (uint32_t a :
          {0x00000000u, 0x00000001u, 0x33000000u, 0x337fffffu, 0x387fe000u, 0x387fffffu, 0x38800000u,
@@ -94,8 +103,9 @@ TEST(DeviceCodecs, ShortStochasticRoundingMatchesReference) {
 }
 
 // The row encoders of the flush (replay_codec.cuh), one row of 128 elements per 16 lanes, each
-// from the amax that chunk_amax_rows forms for two rows at once as prepare_rows does (the lane's
-// own row and the row R / 2 further on; the codes and scales show whether it is the row's amax).
+// from the amax that row_amax forms for two rows at once from their lane amaxes, as prepare_rows
+// does (the lane's own row and the row R / 2 further on; the codes and scales show whether it is
+// the row's amax).
 // amax_ok[lane] = 1 where both rows' amaxes and block amaxes agree bit for bit with chunk_amax's
 // of each row alone (the two rows' exchanges, side by side, do not mix).
 constexpr int kRowLen = 128, kRowLanes = kRowLen / 8;
@@ -114,8 +124,8 @@ __global__ void row_encoders_kernel(const float* rows /*[R, 128]*/, int R, uint2
     v[0][i] = rows[size_t(row) * kRowLen + lane * 8 + i];
     v[1][i] = rows[size_t(other) * kRowLen + lane * 8 + i];
   }
-  float amax[2], pair[2];
-  cuda::chunk_amax_rows(v, kRowLanes, amax, pair);
+  float amax[2] = {cuda::lane_amax8(v[0]), cuda::lane_amax8(v[1])}, pair[2];
+  cuda::row_amax(amax, kRowLanes, pair);
   bool ok = true;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

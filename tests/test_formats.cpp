@@ -3,6 +3,7 @@
 // values come from formulas evaluated in double here, never from the code under test.
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -693,13 +694,44 @@ TEST(StochasticRounding, MeanIsUnbiasedWithinBound) {
   EXPECT_EQ(checked, 4 * 6 * 10);
 }
 
-// The short form the CUDA encoders use (r <= 12, no NaN) gives the reference's bits. Every fp32
+// fp32 -> fp16 bits, truncating toward zero and saturating at +-65504 (Inf included), as
+// cvt.rz.satfinite does for non-NaN input.
+uint16_t f16_truncate_saturate(float v) {
+  const uint32_t u = f32_bits(v);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x477fe000u) return sign | 0x7bffu;  // >= 65504
+  if (a >= 0x38800000u) return static_cast<uint16_t>(sign | ((a >> 13) - (112u << 10)));  // normal
+  return static_cast<uint16_t>(sign |
+                               static_cast<uint32_t>(std::fabs(v) * 0x1p24f));  // exact scale
+}
+
+// The CUDA flush's floating-point short form (formats.h f16_sr_ulp) on the host. The caller has
+// set FE_TOWARDZERO for the addition; the FMA is exact in any mode.
+uint16_t f16_sr_float_form(float x, uint32_t random, int r) {
+  const float ulp = f16_sr_ulp(x);
+  volatile float vx = x;
+  volatile float va = std::copysign(std::fma(ulp, f16_sr_fraction(random, r), -ulp), x);
+  return f16_truncate_saturate(vx + va);
+}
+
+// Rounds toward zero while it lives.
+struct RoundTowardZero {
+  RoundTowardZero() { std::fesetround(FE_TOWARDZERO); }
+  ~RoundTowardZero() { std::fesetround(FE_TONEAREST); }
+};
+
+// The short forms the encoders use (r <= 12, no NaN) give the reference's bits: the integer form
+// of the CPU backend (f32_to_f16_sr_fast) and the floating-point form of the CUDA flush
+// (f16_sr_ulp; test_device_codecs runs the device's own over the same grid). Every fp32
 // magnitude class that matters is covered: each exponent from fp32 subnormals to above fp16's
 // range with every 13-bit discarded field (the bits the rounding reads), plus strided sweeps of
 // the full magnitude range, each against several random words and every r.
 TEST(StochasticRounding, ShortFormMatchesReference) {
   Rng rng(29);
   uint64_t checked = 0;
+  const RoundTowardZero toward_zero;
+  ASSERT_EQ(std::fegetround(), FE_TOWARDZERO);
   auto check = [&](uint32_t a, uint32_t random) {
     for (uint32_t sign : {0u, 0x80000000u}) {
       const float x = bits_f32(a | sign);
@@ -708,6 +740,9 @@ TEST(StochasticRounding, ShortFormMatchesReference) {
         const uint16_t got = f32_to_f16_sr_fast(x, random, r);
         ASSERT_EQ(got, want) << "x bits " << std::hex << (a | sign) << " random " << random
                              << std::dec << " r " << r;
+        const uint16_t got_float = f16_sr_float_form(x, random, r);
+        ASSERT_EQ(got_float, want) << "float form: x bits " << std::hex << (a | sign) << " random "
+                                   << random << std::dec << " r " << r;
         ++checked;
       }
     }
@@ -718,7 +753,16 @@ TEST(StochasticRounding, ShortFormMatchesReference) {
       check((e << 23) | high | field, rng.next());
     }
   for (uint32_t a = 0; a < 0x7f800000u; a += 0x3fffdu) check(a, rng.next());
-  check(0x7f800000u, rng.next());        // Inf saturates
+  check(0x7f800000u, rng.next());  // Inf saturates
+  // Subnormal results whose exact |x| + A falls just short of a multiple of 2^-24 (A = (R + 1/2)
+  // 2^-r 2^-24, k 2^-24 - A exact): the sum's own fp32 grid is finer than |x|'s only here, and an
+  // addition that rounded to nearest instead of toward zero would carry into the next fp16 value.
+  for (int r = 1; r <= 12; ++r)
+    for (uint32_t R : {0u, 1u, (1u << r) - 1u, uint32_t(rng.next()) & ((1u << r) - 1u)})
+      for (uint32_t k : {1u, 2u, 3u, 1023u, 1024u}) {
+        const float target = float(k) * 0x1p-24f - std::ldexp(2.f * float(R) + 1.f, -r - 25);
+        for (uint32_t below = 1; below <= 3; ++below) check(f32_bits(target) - below, R);
+      }
   for (uint32_t R = 0; R < 4096; ++R) {  // every random value at the edges of each range
     for (uint32_t a : {0x00000000u, 0x00000001u, 0x33000000u, 0x337fffffu, 0x387fffffu, 0x38800000u,
                        0x38801fffu, 0x477fe000u, 0x477fe001u, 0x477fffffu})

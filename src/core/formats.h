@@ -289,6 +289,31 @@ RSSM_HD uint16_t f32_to_f16_sr_fast(float x, uint32_t random, int r_bits) {
   return static_cast<uint16_t>(((u >> 16) & 0x8000u) | (h < 0x7bffu ? h : 0x7bffu));
 }
 
+// The short form in floating-point operations, as the CUDA flush runs it (replay_codec.cuh
+// f16_sr_presum): x + sign(x) A added toward zero, then truncated to fp16 (saturating), where
+//   A = (R + 1/2) 2^-r u,  u = f16_sr_ulp(x) = 2^(max(e, -14) - 10)
+// (R: the r random bits, e: x's binade, u: the fp16 lsb there, 2^-24 for subnormal results), gives
+// f32_to_f16_sr's bits for r <= 12 and every non-NaN x. Why: f32_to_f16_sr rounds |x| up exactly
+// when the discarded fraction f of |x| / u satisfies f + (R + 1/2) 2^-r >= 1, so its magnitude is
+// floor_u(|x| + A), the exact sum truncated to the grid u. A is an fp32 number (2R + 1 < 2^13,
+// A >= 2^-37); the sum stays below 2^(E+1) + u (E = max(e, -14)), where the fp32 grid g is at most
+// u 2^-12 and divides u, so the addition's own truncation to g leaves floor_u unchanged; and the
+// fp16 truncation of a sum in [2^(E+1), 2^(E+1) + u) gives 2^(E+1), which is floor_u too. Above
+// 65504 both saturate. A = u F - u exactly in one FMA, F = f16_sr_fraction(R, r) = 1 + (R + 1/2)
+// 2^-r (r + 2 <= 14 significant bits). test_formats checks the form against f32_to_f16_sr.
+RSSM_HD float f16_sr_ulp(float x) {
+  const int32_t e =
+      static_cast<int32_t>(f32_bits(x) & 0x7f800000u) - static_cast<int32_t>(10u << 23);
+  return bits_f32(static_cast<uint32_t>(e > 0x33800000 ? e : 0x33800000));  // at least 2^-24
+}
+RSSM_HD float f16_sr_fraction(uint32_t random, int r_bits) {
+  const uint32_t top = 1u << 23;
+  const uint32_t mask = top - (top >> r_bits);  // bits [23 - r, 23): the r random bits
+  // 1 and the half lsb as one constant of r, so that an element costs a shift and one LOP3
+  const uint32_t one_and_half = 0x3f800000u + (top >> (r_bits + 1));
+  return bits_f32(((random << (23 - r_bits)) & mask) | one_and_half);
+}
+
 // ---------------------------------------------------------------------------------------------
 // fp8 e4m3 "fn" (OCP): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no Inf; S.1111.111 is NaN.
 // Largest finite 448 = 1.75 * 2^8, smallest normal 2^-6, smallest subnormal 2^-9.
@@ -368,11 +393,15 @@ namespace detail {
 // f32_to_e2m1's rounding (f32_to_e2m1_scaled does the same at 2^-6 of the scale): magnitude bits
 // `a` (finite, at most 8) plus M = 2^23 x the grid step of a's binade (biased exponent e, at least
 // 2^0's), whose sum's rounding is the format's; returns the sum and sets `magic` to M's bits.
-// 2^k x the grid step of magnitude bits a's binade (a has no sign bit), as float bits: the step is
-// 2^(e - 127 - 1), e = max(a's exponent, 127), so this is the exponent field of max(a, 1) plus
-// k - 1 (three integer operations).
+// 2^k x the grid step of magnitude bits a's binade (a has no sign bit, a <= 8's bits), as float
+// bits: the step is 2^(e - 127 - 1), e = max(a's exponent, 127), so this is the exponent field of
+// max(a, 1) plus k - 1. Formed as max(a + o, 1 + o) with the mantissa bits cleared, o = (k - 1)
+// 2^23: adding a multiple of 2^23 commutes with clearing the low 23 bits and, without overflow,
+// with the max. The sum and the max are one VIADDMNMX on the device: two integer operations
+// instead of three.
 RSSM_HD uint32_t e2m1_step_bits(uint32_t a, uint32_t k) {
-  return ((a > 0x3f800000u ? a : 0x3f800000u) & 0xff800000u) + ((k - 1u) << 23);
+  const uint32_t o = (k - 1u) << 23, s = a + o, floor = 0x3f800000u + o;
+  return (s > floor ? s : floor) & 0xff800000u;
 }
 RSSM_HD float e2m1_grid_sum(uint32_t a, uint32_t& magic) {
   magic = e2m1_step_bits(a, 23);  // M = 2^23 x step

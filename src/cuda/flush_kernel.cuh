@@ -71,11 +71,15 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 // entry check_b is valid.
 // kChunked: the item is chunk `chunk` of `chunks` shares of the head's row groups (flush_kernel);
 // otherwise the whole head (the arguments are ignored, and the loop keeps its registers).
+// kFlushKernel: flush_kernel's items (the default) may take the leaner forms of the fold
+// (FoldForm) and of the NaN check (sanitize_by_amax); the one-launch kernels (small_step_kernel,
+// small_verify_kernel), at their register bounds, pass false and keep the plain ones (with them,
+// their fp32-activation kernels spilled up to 16 bytes more, ptxas).
 // held (small_verify_kernel): the fold's operands the block holds (stage_fold) and the first row
 // group of the recurrence checkpoint, loaded by the caller (load_group, rec) before it knew
 // whether the step may write; with kChunked, x of the chunk's rows only.
 template <Mode kMode, typename ActT, int kRows = flush_rows(kMode), bool kShortSr = false,
-          bool kChunked = false>
+          bool kChunked = false, bool kFlushKernel = true>
 __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, const SlotCursors& cur,
                                            int h, float* smem, int check_b = -1, int chunk = 0,
                                            int chunks = 1, const FoldOperands<ActT>* held = nullptr,
@@ -86,7 +90,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   const int groups = (P + rm.rows_per_group - 1) / rm.rows_per_group;
   const int row_begin = kChunked ? chunk * groups / chunks * rm.rows_per_group : 0;
   const int row_end = kChunked ? min(P, (chunk + 1) * groups / chunks * rm.rows_per_group) : P;
-  // Rows of the staged x (f.x): the held ones, else the head's.
+  // Rows of the staged x (f.x_staged): the held ones, else the head's.
   const int x_first = held ? held->x_first : 0, x_rows = held ? held->x_rows : P;
   RawChunk raw[kRows];
   int prow[kRows];
@@ -101,7 +105,15 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   // loads, the staging's and the first row group's share one trip to memory.
   const EntryStatus status = check_b >= 0 ? EntryStatus::load(p, check_b) : EntryStatus{};
   const FoldSmem f = FoldSmem::carve(smem, p.L, N, P);
-  stage_fold<ActT>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), held, f);
+  // The fold's form (FoldForm): the products in the separate modes' whole-head flush items, in
+  // pairs in separate-fp8's (4 rows). A chunk would form the products of every row of its head
+  // for its share of them, with a barrier more in a chain that the step waits for; the one-launch
+  // kernels and the other modes keep x and the weights as well.
+  constexpr FoldForm kForm = !kFlushKernel || kChunked || !is_separate(kMode)
+                                 ? FoldForm::x_and_weights
+                             : kMode == Mode::separate_fp8 && kRows == 4 ? FoldForm::product_pairs
+                                                                         : FoldForm::products;
+  stage_fold<ActT, kForm>(p, sec, cur, cur.committed, h, int(p.by_group_heads.div(h)), held, f);
   if (!status.ok()) return;  // uniform over the block
   __syncthreads();
   const SrContext sr = make_sr(p, cur);
@@ -113,6 +125,10 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
   // probe) held more registers, and the 2-row kernels at 80 spilled up to 24 bytes.
   constexpr bool kPrepFirst = kRows >= 4 && kMode != Mode::separate_nvfp4 &&
                               (is_separate(kMode) || is_shared_quantized(kMode));
+  // Elsewhere in the modes with row scales, each row's lane amax is taken before its encode,
+  // which needs it, and tells whether the row needs sanitize8's fix-up (sanitize_by_amax).
+  constexpr bool kAmaxFirst =
+      kFlushKernel && !kPrepFirst && (is_separate(kMode) || is_shared_quantized(kMode));
   int saturated = 0, nonfinite = 0;
   for (int base = row_begin; base < row_end; base += rm.rows_per_group) {
     float v[kRows][8];
@@ -129,21 +145,32 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
     int xrow[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) xrow[r] = clamped[r] - x_first;
-    fold_rows(v, f, cur.committed, xrow, rm.n0, N, x_rows);
+    fold_rows<kForm>(v, f, cur.committed, xrow, rm.n0, N, x_rows);
     int bad[kRows];
-    if constexpr (kPrepFirst) sanitize_rows(v, bad);
+    float lane_amax[kRows];
+    if constexpr (kPrepFirst) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) lane_amax[r] = lane_amax8(v[r]);
+      sanitize_rows(v, lane_amax, bad);
+    }
     int erow[kRows];  // the rows' indices in the checkpoint, h P + p
 #pragma unroll
     for (int r = 0; r < kRows; ++r) erow[r] = h * P + clamped[r];
     EncodePrep prep[kRows];
-    if constexpr (kPrepFirst) prepare_rows<kMode>(v, erow, rm.n0, N, rm.lanes, sr, prep);
+    if constexpr (kPrepFirst) prepare_rows<kMode>(lane_amax, erow, rm.n0, N, rm.lanes, sr, prep);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if constexpr (!kPrepFirst) bad[r] = sanitize8(v[r]);
+      if constexpr (kAmaxFirst) {
+        lane_amax[r] = lane_amax8(v[r]);
+        bad[r] = sanitize_by_amax(v[r], lane_amax[r]);
+      } else if constexpr (!kPrepFirst) {
+        bad[r] = sanitize8(v[r]);
+      }
       float rv[8];
       // Duplicated rows (past P) take part in encode8's row reductions and store nothing.
       encode8<kMode, kShortSr>(sec, erow[r], rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,
-                               &saturated, row[r] < P, kPrepFirst ? &prep[r] : nullptr);
+                               &saturated, row[r] < P, kPrepFirst ? &prep[r] : nullptr,
+                               kAmaxFirst ? &lane_amax[r] : nullptr);
       if (row[r] < P) nonfinite += bad[r];
     }
     if constexpr (kPrepFirst && is_separate(kMode)) {  // the carrier's saturation (encode8)

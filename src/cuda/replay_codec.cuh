@@ -196,45 +196,25 @@ __device__ __forceinline__ void load_rec8(const SlotSections& s, int64_t row, in
   decode_raw8<kMode>(c, true, v);
 }
 
-// The short form of stochastic rounding (f32_to_f16_sr_fast: r <= 12, no NaN) for two values,
-// with the hardware doing the truncation: cvt.rz.satfinite.f16x2.f32 drops the bits below the fp16
-// lsb, rebiases the exponent and saturates at +-65504, all of which the integer form spells out.
-// `addend` = sr_addend(random, r): the r random bits aligned to the top of the 13-bit discarded
-// field of a normal result, plus half of their lowest bit.
-// - |x| >= 2^-14 (normal result): addend added to the bits of |x|, as in the integer form (a carry
-//   into the exponent is the rounded-up value). |x| is first capped at the largest fp32 below 2^16
-//   so that the sum cannot reach the Inf/NaN encodings; anything from 65504 on saturates.
-// - |x| < 2^-14 (subnormal result, lsb 2^-24): the field is wider. As in the integer form, |x| is
-//   lifted by 2^-14 into the binade where the fp16 lsb is 2^-24 and the 13-bit field ends at fp32's
-//   2^-37, the addend added to its bits, the sum capped at 2^-13 (a carry out of the binade is the
-//   value 2^-14 after the lift is undone, exactly what the integer form's shift gives) and 2^-14
-//   subtracted (exact: Sterbenz) before the truncation.
-// Bit-identical to f32_to_f16_sr for r <= 12 and every non-NaN x (test_device_codecs, on the
-// GPU, over the grid of StochasticRounding.ShortFormMatchesReference).
-__device__ __forceinline__ uint32_t sr_addend(uint32_t random, int r_bits) {
-  const uint32_t field_top = 1u << 13;
-  const uint32_t mask = field_top - (field_top >> r_bits);  // bits [13 - r, 13)
-  return ((random << (13 - r_bits)) & mask) | (field_top >> (r_bits + 1));
-}
-__device__ __forceinline__ float f16_sr_presum(float x, uint32_t addend) {
-  const float ax = fabsf(x);
-  const bool normal = ax >= 0x1p-14f;
-  // Normal: |x| itself (+0 is exact) and the cap 2^16 (the sum saturates from 65504 on anyway).
-  // Subnormal: |x| lifted by 2^-14, rounded toward zero (the bits below the field's 2^-37
-  // position go), the cap 2^-13 (a carry out of the binade is the value 2^-14 once the lift is
-  // taken off again, as the integer form's shift gives), and the lift taken off (exact).
-  const float lift = normal ? 0.f : 0x1p-14f;
-  const uint32_t sum = __viaddmin_u32(__float_as_uint(__fadd_rz(ax, lift)), addend,
-                                      normal ? 0x47800000u : 0x39000000u);
-  return copysignf(__uint_as_float(sum) - lift, x);
+// The short form of stochastic rounding (r <= 12, no NaN) for two values, in floating point
+// (formats.h f16_sr_ulp, which has the proof): x + sign(x) (R + 1/2) 2^-r u added toward zero,
+// u the fp16 lsb of x's binade, then cvt.rz.satfinite.f16x2.f32, which drops the bits below the
+// fp16 lsb, rebiases the exponent and saturates at +-65504. `fraction` = f16_sr_fraction(random,
+// r). Five instructions per value (exponent mask, max, FMA, sign, FADD.RZ) where the integer form
+// on the float's bits took seven: a subnormal result needed its own lift, cap and select there.
+// Bit-identical to f32_to_f16_sr for r <= 12 and every non-NaN x (test_formats on the CPU,
+// test_device_codecs on the GPU, over the grid of StochasticRounding.ShortFormMatchesReference).
+__device__ __forceinline__ float f16_sr_presum(float x, float fraction) {
+  const float ulp = f16_sr_ulp(x);
+  return __fadd_rz(x, copysignf(fmaf(ulp, fraction, -ulp), x));  // the FMA is exact
 }
 // Element x0 in the low half of the result, x1 in the high half.
-__device__ __forceinline__ uint32_t f16x2_sr_short(float x0, float x1, uint32_t addend0,
-                                                   uint32_t addend1) {
+__device__ __forceinline__ uint32_t f16x2_sr_short(float x0, float x1, float fraction0,
+                                                   float fraction1) {
   uint32_t d;
   asm("cvt.rz.satfinite.f16x2.f32 %0, %1, %2;"
       : "=r"(d)
-      : "f"(f16_sr_presum(x1, addend1)), "f"(f16_sr_presum(x0, addend0)));
+      : "f"(f16_sr_presum(x1, fraction1)), "f"(f16_sr_presum(x0, fraction0)));
   return d;
 }
 
@@ -272,8 +252,8 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   if (fast) {
 #pragma unroll
     for (int k = 0; k < 8; k += 2) {
-      words[k / 2] = f16x2_sr_short(v[k], v[k + 1], sr_addend(sr_random(draw, k), sr.bits),
-                                    sr_addend(sr_random(draw, k + 1), sr.bits));
+      words[k / 2] = f16x2_sr_short(v[k], v[k + 1], f16_sr_fraction(sr_random(draw, k), sr.bits),
+                                    f16_sr_fraction(sr_random(draw, k + 1), sr.bits));
       if (kCountSaturation && !kBounded)
         magnitude = fmaxf(magnitude, fmaxf(fabsf(v[k]), fabsf(v[k + 1])));
     }
@@ -298,19 +278,12 @@ __device__ __forceinline__ float lane_amax8(const float (&v)[8]) {
   for (int i = 0; i < 8; ++i) m = amax_combine(m, fabsf(v[i]));
   return m;
 }
-// Row amax of each lane's 8-element chunk of K rows over the lanes of its row (cuda_common.cuh's
-// row_amax, the K rows' exchanges side by side); pair[r]: the amax of the lane pair, an nvfp4
-// block of 16 elements.
-template <int K>
-__device__ __forceinline__ void chunk_amax_rows(const float (&v)[K][8], int lanes, float (&amax)[K],
-                                                float (&pair)[K]) {
-#pragma unroll
-  for (int r = 0; r < K; ++r) amax[r] = lane_amax8(v[r]);
-  row_amax(amax, lanes, pair);
-}
-// The same for one row.
-__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr) {
-  float amax[1] = {lane_amax8(v)}, p[1];
+// Row amax of a lane's 8-element chunk over the lanes of its row (cuda_common.cuh's row_amax);
+// pair: the amax of the lane pair, an nvfp4 block of 16 elements; lane: the chunk's lane_amax8
+// where the caller has it (sanitize_by_amax).
+__device__ __forceinline__ float chunk_amax(const float (&v)[8], int lanes, float* pair = nullptr,
+                                            const float* lane = nullptr) {
+  float amax[1] = {lane ? *lane : lane_amax8(v)}, p[1];
   row_amax(amax, lanes, p);
   if (pair) *pair = p[0];
   return amax[0];
@@ -429,14 +402,17 @@ struct EncodePrep {
   U32x4 draw;
 };
 
-// EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p).
+// EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p);
+// lane_amax: lane_amax8 of each row's chunk (flush_head has them from sanitize_rows).
 template <Mode kMode, int K>
-__device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (&rows)[K], int n0,
-                                             int N, int lanes, const SrContext& sr,
+__device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const int (&rows)[K],
+                                             int n0, int N, int lanes, const SrContext& sr,
                                              EncodePrep (&prep)[K]) {
   if constexpr (is_separate(kMode) || is_shared_quantized(kMode)) {
     float amax[K], pair[K];
-    chunk_amax_rows(v, lanes, amax, pair);
+#pragma unroll
+    for (int r = 0; r < K; ++r) amax[r] = lane_amax[r];
+    row_amax(amax, lanes, pair);
 #pragma unroll
     for (int r = 0; r < K; ++r) prep[r].amax = amax[r], prep[r].pair = pair[r];
   }
@@ -455,11 +431,14 @@ __device__ __forceinline__ void prepare_rows(const float (&v)[K][8], const int (
 // prep: the row's EncodePrep where the caller formed it (prepare_rows), else null; with it, in the
 // separate modes, the caller counts the carrier's fp16-saturated elements itself from the rows'
 // amaxes (count_f16_saturated), and they are not added to *saturated here.
+// lane_amax: without prep, the chunk's lane_amax8 where the caller has it (sanitize_by_amax), for
+// the modes with row scales.
 template <Mode kMode, bool kShortSr = false>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
-                                         bool store, const EncodePrep* prep = nullptr) {
+                                         bool store, const EncodePrep* prep = nullptr,
+                                         const float* lane_amax = nullptr) {
   const uint32_t e = chunk_element(row, n0, N);
   int sat = 0;
   if constexpr (kMode == Mode::fp32) {
@@ -502,7 +481,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::shared_fp8 || kMode == Mode::shared_int8) {
     uint2 c;
-    const float amax = prep ? prep->amax : chunk_amax(v, lanes);
+    const float amax = prep ? prep->amax : chunk_amax(v, lanes, nullptr, lane_amax);
     const float scale = encode8_row8bit<kMode == Mode::shared_fp8>(v, amax, c, rv);
     if (store) {
       *reinterpret_cast<uint2*>(static_cast<uint8_t*>(s.rec) + e) = c;
@@ -514,7 +493,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     if (prep) {
       amax = prep->amax, pair = prep->pair;
     } else {
-      amax = chunk_amax(v, lanes, &pair);
+      amax = chunk_amax(v, lanes, &pair, lane_amax);
     }
     if constexpr (kMode == Mode::separate_fp8) {
       uint2 c;

@@ -260,24 +260,50 @@ struct StepSmem {
   }
 };
 
-// Shared memory of a fold (flush, prefill, state): the committed entries of one head.
-struct FoldSmem {
-  float* B;      // [L, N]
-  float* x;      // [L, P]
-  float* w;      // [L]  delta_k exp(A (L_{m-1} - L_k))
-  float* delta;  // [L]  delta_k, logical order (staging)
-  float* d0;     // [1]  exp(A L_{m-1})
+// How a fold reads its entries (stage_fold, fold_rows). x_and_weights: x_k[p] and w_k, multiplied
+// by every lane of a row in each of its row groups. products: w_k x_k[p], formed once per (entry,
+// row) after the weights, in place. product_pairs: the products in a [P, pitch] copy, a row's
+// entries side by side, read two entries at a time. The product forms take one FMUL and one load
+// per entry and row out of the fold's loop, but their pass over x runs while the first row
+// group's loads are in flight: the separate modes' whole-head flush items take them (flush_head);
+// the 96-register flush kernels (shared modes, fp32, bf16) spilled up to 56 bytes more with them,
+// and so did small_step_kernel (ptxas).
+enum class FoldForm { x_and_weights, products, product_pairs };
 
-  __host__ __device__ static size_t bytes(int L, int N, int P) {
-    return sizeof(float) * (size_t(L) * (N + P + 2) + 4);
+// Shared memory of a fold (flush, prefill, state): the committed entries of one head.
+// x_staged holds x as the ring's rows arrive, [L, P]; with FoldForm::products, then the products
+// w_k x_k[p]. FoldForm::product_pairs puts the products into x, [P, pitch], once the staging's
+// barrier has passed: storing the staging's vectors transposed instead held more registers while
+// the first row group's loads were in flight (the fp32 mode's flush spilled 60 bytes more).
+struct FoldSmem {
+  float* B;         // [L, N]
+  float* x_staged;  // [L, P]      x_k[p] (products: w_k x_k[p]) at k P + p (k x_rows + p, held)
+  float* w;         // [L]         w_k = delta_k exp(A (L_{m-1} - L_k))
+  float* delta;     // [L]         delta_k, logical order (staging)
+  float* d0;        // [1]         exp(A L_{m-1})
+  float* x;         // [P, pitch]  w_k x_k[p] at p pitch + k (product_pairs only)
+  // L rounded up to 4, plus 2: even for the 8-byte loads, and 2 mod 4, so that the
+  // transposition's stores (16 consecutive rows) fall in distinct banks.
+  int pitch;
+
+  __host__ __device__ static int pitch_of(int L) { return (L + 3) / 4 * 4 + 2; }
+  __host__ __device__ static size_t x_offset(int L, int N, int P) {  // 16-byte aligned
+    return (size_t(L) * (N + P + 2) + 1 + 3) / 4 * 4;
   }
+  __host__ __device__ static size_t bytes(int L, int N, int P) {
+    return sizeof(float) * (x_offset(L, N, P) + size_t(pitch_of(L)) * P);
+  }
+  // B, x_staged, w, delta and d0 where the [L, P] fold has always had them (the kernels that do
+  // not transpose form no other address); w is 8-byte aligned (L (N + P) is even).
   __device__ static FoldSmem carve(float* base, int L, int N, int P) {
     FoldSmem f;
     f.B = base;
-    f.x = f.B + L * N;
-    f.w = f.x + L * P;
+    f.x_staged = f.B + L * N;
+    f.w = f.x_staged + L * P;
     f.delta = f.w + L;
     f.d0 = f.delta + L;
+    f.x = base + x_offset(L, N, P);
+    f.pitch = pitch_of(L);
     return f;
   }
 };
@@ -378,14 +404,16 @@ struct FoldOperands {
 };
 
 // Loads the committed entries 0..count-1 of head h (group g) for a fold in closed form
-// (f.x: [count, held ? held->x_rows : P], the rows the block holds):
+// (f.x_staged: [count, x_rows], x_rows = held ? held->x_rows : P, the rows the block holds; with
+// FoldForm::product_pairs also f.x: [x_rows, f.pitch]):
 //   S = exp(A L_{m-1}) S0 + sum_{k<m} delta_k exp(A (L_{m-1} - L_k)) x_k B_k^T   (m = count)
 // (the CPU reference's order: scale the decoded row, then add the entries in logical order),
 // from the slot's ring, or from `held` where the block holds them. The deltas' loads are issued
 // with the operands', and all of a thread's operand loads at once (one round at history 16,
 // dstate 128): a flush item's operands cost one trip to memory, not three.
-// Ends with the weights being written: they are ready after the caller's next barrier.
-template <typename ActT>
+// Ends with the weights (or the products, kForm) being written: they are ready after the
+// caller's next barrier.
+template <typename ActT, FoldForm kForm = FoldForm::x_and_weights>
 __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSections& sec,
                                            const SlotCursors& cur, int count, int h, int g,
                                            const FoldOperands<ActT>* held, const FoldSmem& f) {
@@ -401,12 +429,12 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   }
   // The held copies are the group's and the head's alone ([L, N], [L, P]); the slot's ring rows
   // hold every group's B and every head's x.
+  const int x_rows = held ? held->x_rows : p.P;
   const StageSegment<ActT> seg[2] = {
       {f.B, held ? held->B : static_cast<const ActT*>(sec.ring_B) + int64_t(g) * p.N,
        held ? int64_t(p.N) : int64_t(p.G) * p.N, count, p.N, true, nullptr},
-      {f.x, held ? held->x : static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
-       held ? int64_t(held->x_rows) : int64_t(p.H) * p.P, count, held ? held->x_rows : p.P, true,
-       nullptr}};
+      {f.x_staged, held ? held->x : static_cast<const ActT*>(sec.ring_x) + int64_t(h) * p.P,
+       held ? int64_t(held->x_rows) : int64_t(p.H) * p.P, count, x_rows, true, nullptr}};
   // 64 bytes per thread in flight: 4 vectors of 16-bit values, 2 of fp32 (4 spilled up to 136
   // bytes in the fp32-activation flush kernels).
   stage_segments<ActT, false, false, 2, 64 / (8 * int(sizeof(ActT)))>(seg, cur, p.L, p.act_f16);
@@ -420,15 +448,50 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   const float A = p.head.A[h];
   if (k < count) f.w[k] = f.delta[k] * decay(A * (total - upto));
   if (k == 0) *f.d0 = decay(A * total);
+  if constexpr (kForm == FoldForm::x_and_weights) return;
+  __syncthreads();
+  // The products w_k x_k[p] (the same fp32 products the x_and_weights fold forms, so the same
+  // sums). Thread p takes row p, so that consecutive threads read consecutive words of each
+  // entry; the pairs' copy takes two entries per 8-byte store.
+  for (int row = threadIdx.x; row < x_rows; row += blockDim.x) {
+    float* from = f.x_staged + row;
+    if constexpr (kForm == FoldForm::product_pairs) {
+      float* to = f.x + row * f.pitch;
+      int e = 0;
+      for (; e + 2 <= count; e += 2, from += 2 * x_rows)
+        *reinterpret_cast<float2*>(to + e) =
+            make_float2(f.w[e] * from[0], f.w[e + 1] * from[x_rows]);
+      if (e < count) to[e] = f.w[e] * from[0];
+    } else {
+      for (int e = 0; e < count; ++e, from += x_rows) *from = f.w[e] * *from;
+    }
+  }
+}
+
+// One entry of the fold for R rows' 8-element chunks: s += wx[r] b, b = B_k's 8 columns and
+// wx[r] the row's product w_k x_k[p].
+template <int R>
+__device__ __forceinline__ void fold_entry(float (&s)[R][8], const float* b, const float (&wx)[R]) {
+  const float4 b0 = *reinterpret_cast<const float4*>(b);
+  const float4 b1 = *reinterpret_cast<const float4*>(b + 4);
+  const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[r][i] += wx[r] * bv[i];
 }
 
 // The fold of stage_fold for one 8-element chunk (columns n0..n0+7) of each of R rows:
 //   s = d0 s; then s += (w_k x_k[p]) B_k for k = 0..count-1, in logical order.
-// The 8 columns of B_k are read from shared memory once per entry for all R rows; x_k[p] is
-// f.x[k x_stride + xrow] (xrow: the row's index among the staged rows).
-template <int R>
+// xrow: the row's index among the staged rows. B_k's 8 columns are two 16-byte loads for all R
+// rows; x_k[p] (or the product, kForm) is f.x_staged[k x_stride + xrow]. product_pairs: two
+// entries at a time from f.x, each row's two products one 8-byte load. Only separate-fp8's
+// whole-head flush takes the pairs: they hold R more registers, and the kernels at their register
+// bounds (the 80-register flushes, small_step_kernel, the chunked flushes) spilled with them.
+template <FoldForm kForm = FoldForm::x_and_weights, int R>
 __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, int count,
                                           const int (&xrow)[R], int n0, int N, int x_stride) {
+  constexpr bool kPairs = kForm == FoldForm::product_pairs;
   const float d0 = *f.d0;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -438,19 +501,48 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
   const float* bk = f.B + n0;
   const float* xk[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) xk[r] = f.x + xrow[r];
-  for (int k = 0; k < count; ++k, bk += N) {
+  for (int r = 0; r < R; ++r) xk[r] = kPairs ? f.x + xrow[r] * f.pitch : f.x_staged + xrow[r];
+  int k = 0;
+  if constexpr (kPairs) {
+    for (; k + 2 <= count; k += 2, bk += 2 * N) {
+      float wx0[R], wx1[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float2 wx2 = *reinterpret_cast<const float2*>(xk[r]);
+        wx0[r] = wx2.x, wx1[r] = wx2.y;
+        xk[r] += 2;
+      }
+      fold_entry(s, bk, wx0);
+      fold_entry(s, bk + N, wx1);
+    }
+  }
+  // One entry at a time, each row's product formed (or read) where it is used. Not fold_entry
+  // with the R values loaded first: that held more registers in the kernels that fold one entry at
+  // a time (shared-fp8's small_step_kernel then spilled 12-20 bytes, ptxas).
+  auto one_entry = [&](int entry) {
     const float4 b0 = *reinterpret_cast<const float4*>(bk);
     const float4 b1 = *reinterpret_cast<const float4*>(bk + 4);
     const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    const float wk = f.w[k];
+    const float wk = kForm == FoldForm::x_and_weights ? f.w[entry] : 1.f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float wx = wk * *xk[r];
-      xk[r] += x_stride;
+      const float wx = kForm == FoldForm::x_and_weights ? wk * *xk[r] : *xk[r];
+      xk[r] += kPairs ? 1 : x_stride;
 #pragma unroll
       for (int i = 0; i < 8; ++i) s[r][i] += wx * bv[i];
     }
+    bk += N;
+  };
+  // The compiler unrolls the x_and_weights loop by 4 by itself (told to, the 96-register flush
+  // kernels spilled up to 24 bytes more) and the products' by 16, which made the flush kernels a
+  // third larger: those are held at 4.
+  if constexpr (kPairs) {
+    if (k < count) one_entry(k);
+  } else if constexpr (kForm == FoldForm::products) {
+#pragma unroll 4
+    for (; k < count; ++k) one_entry(k);
+  } else {
+    for (; k < count; ++k) one_entry(k);
   }
 }
 
@@ -478,20 +570,35 @@ __device__ __forceinline__ int sanitize8(float (&s)[8]) {
   return isnan(nonfinite_probe8(s)) ? fix_nonfinite8(s) : 0;
 }
 
-// sanitize8 of K chunks behind one probe: bad[r] = sanitize8(v[r]) (the common all-finite case
-// is one branch for the K rows instead of one per row). Past it each row probes itself again
-// (rare): with fix_nonfinite8 alone there, ptxas spilled about 200 bytes in separate-fp8's flush
-// kernels of the long stochastic rounding (r = 13).
+// sanitize8 found out by the lane amaxes (lane_amax8, NaN-sticky), which the encodes need anyway:
+// a NaN or an Inf leaves its chunk's amax above FLT_MAX, so the common all-finite case costs a
+// compare, not nonfinite_probe8's FMA per element. Where one is found (rare), the chunk is fixed
+// (sanitize8 probes it again) and its amax taken again.
+__device__ __forceinline__ bool finite_amax(float lane_amax) {
+  return lane_amax <= 3.402823466e38f;
+}
+__device__ __forceinline__ int resanitize(float (&v)[8], float& lane_amax) {
+  const int bad = sanitize8(v);
+  lane_amax = lane_amax8(v);
+  return bad;
+}
+// One chunk.
+__device__ __forceinline__ int sanitize_by_amax(float (&v)[8], float& lane_amax) {
+  return finite_amax(lane_amax) ? 0 : resanitize(v, lane_amax);
+}
+// K chunks, with one compare for all of them; past it every row is fixed. A row whose own amax is
+// finite then probes itself for nothing, but with a per-row test there (sanitize_by_amax) ptxas
+// spilled 8 bytes in shared-fp8's small_step_kernel, and with fix_nonfinite8 alone instead of the
+// probe about 200 bytes in separate-fp8's flush kernels of the long stochastic rounding (r = 13).
 template <int K>
-__device__ __forceinline__ void sanitize_rows(float (&v)[K][8], int (&bad)[K]) {
-  float probe = 0.f;
+__device__ __forceinline__ void sanitize_rows(float (&v)[K][8], float (&lane_amax)[K],
+                                              int (&bad)[K]) {
+  bool finite = true;
 #pragma unroll
-  for (int r = 0; r < K; ++r) probe = nonfinite_probe8(v[r], probe);
+  for (int r = 0; r < K; ++r) bad[r] = 0, finite = finite && finite_amax(lane_amax[r]);
+  if (!finite)
 #pragma unroll
-  for (int r = 0; r < K; ++r) bad[r] = 0;
-  if (isnan(probe))
-#pragma unroll
-    for (int r = 0; r < K; ++r) bad[r] = sanitize8(v[r]);
+    for (int r = 0; r < K; ++r) bad[r] = resanitize(v[r], lane_amax[r]);
 }
 
 // Counts of an encode pass (fp16-saturated elements, non-finite fold values) into the stats.

@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
   int ticket = 0;  // early_arrival's, where the step does not fold
   if (folded) {
     // Rows [p0, p1): whole row groups of the fold's RowMap (small_step_split_log2).
-    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads), false, kSplit>(
+    flush_head<kMode, ActT, small_step_fold_rows(kMode, kThreads), false, kSplit, false>(
         p, slot, cur, h, smem, -1, split, 1 << split_log2);
     __syncthreads();
     apply_flush(cur, L);

@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kThreads, kSmallVerifyThreads / kThreads)
     __syncthreads();  // every thread's copies of the ring
     const FoldOperands<ActT> held{static_cast<const ActT*>(sm.ring_B),
                                   static_cast<const ActT*>(sm.ring_x), ring_delta, p0, R};
-    flush_head<kMode, ActT, kRows, false, kSplit>(p, slot, cur, h, fold_smem, -1, split,
-                                                  1 << split_log2, &held, fold_raw);
+    flush_head<kMode, ActT, kRows, false, kSplit, false>(p, slot, cur, h, fold_smem, -1, split,
+                                                         1 << split_log2, &held, fold_raw);
     __syncthreads();  // this block reads its own writes below
     apply_flush(cur, L);
     load_group<kMode>(sec, rm, h, P, N, p0, false, raw, prow);
