@@ -250,44 +250,7 @@ RSSM_HD uint16_t f32_to_f16_sr(float x, uint32_t random, int r_bits, bool* satur
   return static_cast<uint16_t>(sign | (q + ((t + 2u * rnd + 1u) >> (r_bits + 1))));
 }
 
-// The magnitude bits of |x| + 2^-14 rounded toward zero, for a = |x| bits < 2^-14: 2^-14 plus
-// floor(|x| / 2^-37), the fp32 grid of [2^-14, 2^-13). One FADD.RZ on the device.
-RSSM_HD uint32_t f16_subnormal_lift(uint32_t a) {
-#if defined(__CUDA_ARCH__)
-  return f32_bits(__fadd_rz(bits_f32(a), 0x1p-14f));
-#else
-  const int shift = 113 - detail::f32_exp(a);  // |x| = mant * 2^(e - 150); 2^-37 = 2^(113 - 150)
-  return 0x38800000u + (shift < 32 ? detail::f32_mant(a) >> shift : 0u);
-#endif
-}
-
-// f32_to_f16_sr for r_bits <= 12 and non-NaN x, in about a third of the instructions (the flush
-// runs it for every element of the fp16 carrier). Bit-identical to f32_to_f16_sr under those
-// conditions; *saturated is not set (the caller counts |x| > 65504 itself).
-//
-// Normal results: with a = |x| bits, the fp16 bits are (a >> 13) - (112 << 10) and the 13-bit
-// field f = a & 0x1fff rounds up iff t + 2R + 1 >= 2^(r+1), t = floor(f / 2^(12-r)), i.e. iff
-// f + (2R + 1) 2^(12-r) >= 2^13 (the left side's steps of 2^(12-r) cannot cross 2^13 between
-// integers). So adding (2R + 1) << (12 - r) to a before the shift applies the rounding, and its
-// carry into the exponent is the correct result. This needs 12 - r >= 0.
-// Subnormal results (|x| < 2^-14): lifted to y = |x| + 2^-14 truncated to the fp32 grid of
-// [2^-14, 2^-13), whose fp16 ulp 2^-24 is the subnormal one, the 13 bits of y below the fp16
-// lsb are the top 13 of the wide discarded field; the outcome depends only on its top r + 1 <=
-// 13 bits (see above), so rounding y as a normal value and removing 2^-14 (0x400) is exact.
-// Overflow: above 65504 the sum exceeds 0x7bff and is clamped to it (Inf included).
-inline constexpr int kSrFastMaxBits = 12;  // the largest r f32_to_f16_sr_fast handles
-RSSM_HD uint16_t f32_to_f16_sr_fast(float x, uint32_t random, int r_bits) {
-  const uint32_t u = f32_bits(x);
-  const uint32_t a = u & 0x7fffffffu;
-  const bool normal = a >= 0x38800000u;
-  const uint32_t y = normal ? a : f16_subnormal_lift(a);
-  const uint32_t rebias = normal ? (112u << 23) : (113u << 23);  // 113: the lift's 0x400 too
-  const uint32_t field_top = 1u << 13;
-  const uint32_t mask = field_top - (field_top >> r_bits);  // bits [13 - r, 13)
-  const uint32_t addend = ((random << (13 - r_bits)) & mask) | (field_top >> (r_bits + 1));
-  const uint32_t h = (y + addend - rebias) >> 13;
-  return static_cast<uint16_t>(((u >> 16) & 0x8000u) | (h < 0x7bffu ? h : 0x7bffu));
-}
+inline constexpr int kSrFastMaxBits = 12;  // the largest r the short form below handles
 
 // The short form in floating-point operations, as the CUDA flush runs it (replay_codec.cuh
 // f16_sr_presum): x + sign(x) A added toward zero, then truncated to fp16 (saturating), where
