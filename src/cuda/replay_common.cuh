@@ -468,13 +468,21 @@ __device__ __forceinline__ void stage_fold(const ReplayParams& p, const SlotSect
   }
 }
 
+// B_k's 8 columns of a chunk from the fold's shared memory ([L, N], 16-byte aligned): two
+// 16-byte loads.
+__device__ __forceinline__ void load_b8(const float* b, float (&bv)[8]) {
+  const float4 b0 = *reinterpret_cast<const float4*>(b);
+  const float4 b1 = *reinterpret_cast<const float4*>(b + 4);
+  bv[0] = b0.x, bv[1] = b0.y, bv[2] = b0.z, bv[3] = b0.w;
+  bv[4] = b1.x, bv[5] = b1.y, bv[6] = b1.z, bv[7] = b1.w;
+}
+
 // One entry of the fold for R rows' 8-element chunks: s += wx[r] b, b = B_k's 8 columns and
 // wx[r] the row's product w_k x_k[p].
 template <int R>
 __device__ __forceinline__ void fold_entry(float (&s)[R][8], const float* b, const float (&wx)[R]) {
-  const float4 b0 = *reinterpret_cast<const float4*>(b);
-  const float4 b1 = *reinterpret_cast<const float4*>(b + 4);
-  const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+  float bv[8];
+  load_b8(b, bv);
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -520,9 +528,8 @@ __device__ __forceinline__ void fold_rows(float (&s)[R][8], const FoldSmem& f, i
   // with the R values loaded first: that held more registers in the kernels that fold one entry at
   // a time (shared-fp8's small_step_kernel then spilled 12-20 bytes, ptxas).
   auto one_entry = [&](int entry) {
-    const float4 b0 = *reinterpret_cast<const float4*>(bk);
-    const float4 b1 = *reinterpret_cast<const float4*>(bk + 4);
-    const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    float bv[8];
+    load_b8(bk, bv);
     const float wk = kForm == FoldForm::x_and_weights ? f.w[entry] : 1.f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
