@@ -2,14 +2,14 @@
 # Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
-#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench profile stalls kernels phases
-#                                    drift
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench table profile stalls kernels
+#                                    phases drift
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
-# bench` configurations), PROFILE_ARGS (the profiled bench's), STALLS_KERNELS / STALLS_WINDOW /
-# STALLS_COUNT (the kernels, window and number of launches of the stalls step), KERNELS_WINDOW /
-# KERNELS_COUNT (the window and number of launches of the kernels step), PHASE_ARGS (the phases
-# step's configurations, ';'-separated),
+# bench` configurations), TABLE_ARGS (the headline table's), PROFILE_ARGS (the profiled bench's),
+# STALLS_KERNELS / STALLS_WINDOW / STALLS_COUNT (the kernels, window and number of launches of the
+# stalls step), KERNELS_WINDOW / KERNELS_COUNT (the window and number of launches of the kernels
+# step), PHASE_ARGS (the phases step's configurations, ';'-separated),
 # DIAG_PATCH (a diagnostic patch of bench/diagnostics applied before the build, e.g.
 # bench/diagnostics/direct-phase-clock.patch: never on a tree whose numbers are reported),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
@@ -69,6 +69,19 @@ if has bench; then
   step bench 420 $bin bench --backend cuda --check \
     ${BENCH_ARGS:---batches 1,8,64,256 --modes fp32,bf16,shared-fp8,separate-fp8,separate-nvfp4 --windows 1,8}
   cat "$out/bench.txt"
+fi
+if has table; then
+  # The README's headline table (TABLE_ARGS: the bench options): every batch and window of the
+  # three low-precision modes against the standard kernels of the same process, checked against
+  # the CPU first; JSON in table.json, the table in table.md (scripts/bench_table.py). Then the
+  # speculative windows at history 32 (table-h32.json).
+  tbl=${TABLE_ARGS:---batches 1,8,64,256 --windows 1,4,8 \
+    --modes shared-fp8,separate-fp8,separate-nvfp4}
+  step table 420 bash -c "$bin bench --backend cuda --check $tbl -o json >$out/table.json"
+  python3 scripts/bench_table.py "$out/table.json" | tee "$out/table.md"
+  step table-h32 150 bash -c "$bin bench --backend cuda --batches 64,256 \
+    --modes separate-fp8,separate-nvfp4 --windows 4,8 --history 32 -o json >$out/table-h32.json"
+  python3 scripts/bench_table.py "$out/table-h32.json" | tee "$out/table-h32.md"
 fi
 if has profile; then
   # Per-kernel duration, DRAM throughput, occupancy and registers of the replay kernels, one
