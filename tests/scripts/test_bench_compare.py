@@ -1,18 +1,10 @@
 """scripts/bench_compare.py on small bench outputs: means, changes, spreads, the standard kernels'
 noise, combined results files and their key filter, and the errors for bad input."""
-import contextlib
-import importlib.util
-import io
-import json
-import os
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SPEC = importlib.util.spec_from_file_location(
-    "bench_compare", os.path.join(HERE, "..", "..", "scripts", "bench_compare.py"))
-bc = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bc)
+from script_test_util import ScriptTestCase, load_script
+
+bc = load_script("bench_compare")
 
 
 def bench(times):
@@ -21,22 +13,8 @@ def bench(times):
         {"name": n, "batch": b, "window": w, "us_per_step": t} for (n, b, w), t in times.items()]}
 
 
-class BenchCompare(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
-
-    def write(self, name, data):
-        path = os.path.join(self.dir.name, name)
-        with open(path, "w") as f:
-            f.write(data if isinstance(data, str) else json.dumps(data))
-        return path
-
-    def run_main(self, *args):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = bc.main(list(args))
-        return rc, out.getvalue(), err.getvalue()
+class BenchCompare(ScriptTestCase):
+    script = bc
 
     def test_means_changes_spreads_and_noise(self):
         std, rep = ("standard fp32 state", 64, 1), ("replay separate-fp8", 64, 1)

@@ -1,22 +1,11 @@
 """scripts/bench_table.py on small bench outputs: the row order, the cells' speedups over the
 standard kernels of the same window, the copy-bandwidth fractions, means over runs, the history
 filter and the errors for bad input."""
-import contextlib
-import importlib.util
-import io
-import json
-import os
-import sys
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
-sys.path.insert(0, SCRIPTS)
-SPEC = importlib.util.spec_from_file_location("bench_table",
-                                              os.path.join(SCRIPTS, "bench_table.py"))
-bt = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bt)
+from script_test_util import ScriptTestCase, load_script
+
+bt = load_script("bench_table")
 
 
 def bench(rows, history=16):
@@ -26,22 +15,8 @@ def bench(rows, history=16):
         for (n, b, w), (t, f) in rows.items()]}
 
 
-class BenchTable(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
-
-    def write(self, name, data):
-        path = os.path.join(self.dir.name, name)
-        with open(path, "w") as f:
-            f.write(data if isinstance(data, str) else json.dumps(data))
-        return path
-
-    def run_main(self, *args):
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = bt.main(list(args))
-        return rc, out.getvalue(), err.getvalue()
+class BenchTable(ScriptTestCase):
+    script = bt
 
     def test_rows_cells_and_ratios(self):
         run1 = bench({("replay separate-fp8", 64, 8): (100.0, 0.4),
