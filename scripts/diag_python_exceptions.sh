@@ -4,7 +4,7 @@
 # error three times, and the script prints how it ended, which libraries the C++ unwinder's entry
 # points were bound to (LD_DEBUG=bindings: a libunwind.so.8 that interposes on libgcc_s is one
 # known cause of such crashes) and which C++ runtimes and unwinders were mapped.
-#   scripts/diag_python_exceptions.sh [BUILD_DIR]     (default build; needs build/python/replayssm*.so)
+#   scripts/diag_python_exceptions.sh [BUILD_DIR]   (default build; needs its python/replayssm*.so)
 set -uo pipefail
 build=${1:-build}
 log=$(mktemp)
@@ -30,6 +30,7 @@ print("mapped C++ runtimes and unwinders:", *libs, sep="\n  ")
 PYTHONPATH="$build/python" LD_DEBUG=bindings LD_DEBUG_OUTPUT="$log" python3 -c "$child"
 echo "child exit status: $? (139 = SIGSEGV)"
 echo "bindings of the unwinder and the C++ throw / catch entry points:"
-cat "$log"* 2>/dev/null | grep -E "symbol \`(_Unwind_RaiseException|_Unwind_Resume|__cxa_throw|__cxa_begin_catch|__gxx_personality_v0)'" |
+entry='_Unwind_RaiseException|_Unwind_Resume|__cxa_throw|__cxa_begin_catch|__gxx_personality_v0'
+cat "$log"* 2>/dev/null | grep -E "symbol \`($entry)'" |
   sed -E 's/^ *[0-9]+: *//' | sort | uniq -c | head -20
 rm -f "$log"*
