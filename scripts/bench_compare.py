@@ -66,16 +66,17 @@ def parse_set(text):
     return label, runs
 
 
-def config_times(runs):
-    """(name, batch, window) -> [us_per_step of each run], in the order the runs list them."""
+def config_times(runs, field="us_per_step"):
+    """(name, batch, window) -> [the row's `field` (us_per_step) of each run], in the order the
+    runs list them."""
     times = {}
     for data in runs:
         for row in data["rows"]:
             try:
                 key = (row["name"], int(row["batch"]), int(row["window"]))
-                value = float(row["us_per_step"])
+                value = float(row[field])
             except (KeyError, TypeError, ValueError) as e:
-                raise InputError(f"a bench row lacks name, batch, window or us_per_step: {e}")
+                raise InputError(f"a bench row lacks name, batch, window or {field}: {e}")
             times.setdefault(key, []).append(value)
     return times
 

@@ -47,19 +47,10 @@ def baseline(state, window):
     return f"standard {state} state" + ("" if window == 1 else " + intermediates")
 
 
-def copy_fractions(runs):
-    """(name, batch, window) -> [fraction of the copy bandwidth of each run]."""
-    fractions = {}
-    for data in runs:
-        for row in data["rows"]:
-            key = (row["name"], int(row["batch"]), int(row["window"]))
-            fractions.setdefault(key, []).append(float(row.get("fraction_of_copy_bandwidth", 0)))
-    return fractions
-
-
 def table(runs):
     """The markdown table of the runs (a list of bench outputs)."""
-    times, fractions = config_times(runs), copy_fractions(runs)
+    times = config_times(runs)
+    fractions = config_times(runs, "fraction_of_copy_bandwidth")
     batches = sorted({batch for (_, batch, _) in times})
     configs = sorted({(name, window) for (name, _, window) in times}, key=lambda c: row_order(*c))
     lines = ["| us per layer-step (speedup over standard fp32 / bf16) | " +
