@@ -715,18 +715,18 @@ uint16_t f16_sr_float_form(float x, uint32_t random, int r) {
   return f16_truncate_saturate(vx + va);
 }
 
-// Rounds toward zero while it lives.
+// Rounds toward zero while it lives, then restores the rounding mode it found.
 struct RoundTowardZero {
+  const int before = std::fegetround();
   RoundTowardZero() { std::fesetround(FE_TOWARDZERO); }
-  ~RoundTowardZero() { std::fesetround(FE_TONEAREST); }
+  ~RoundTowardZero() { std::fesetround(before); }
 };
 
 // The short form of the CUDA flush's encoders (r <= 12, no NaN; f16_sr_ulp, in floating point)
 // gives the reference's bits (test_device_codecs runs the device's own over the same grid). Every
-// fp32
-// magnitude class that matters is covered: each exponent from fp32 subnormals to above fp16's
-// range with every 13-bit discarded field (the bits the rounding reads), plus strided sweeps of
-// the full magnitude range, each against several random words and every r.
+// fp32 magnitude class that matters is covered: each exponent from fp32 subnormals to above
+// fp16's range with every 13-bit discarded field (the bits the rounding reads), plus strided
+// sweeps of the full magnitude range, each against several random words and every r.
 TEST(StochasticRounding, ShortFormMatchesReference) {
   Rng rng(29);
   uint64_t checked = 0;
