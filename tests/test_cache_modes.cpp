@@ -168,14 +168,18 @@ TEST(QuantizedModes, ReadoutMatchesIndependentFp64Implementation) {
 
 // Issue item 6, second half: after each flush of a separate mode the carrier equals SR of the
 // FP32 fold and the read copy equals the nearest encoding of the same values.
+// Both layouts of the random bits (SPEC 6, checkpoint_codec.h): r = 7 takes a byte of a draw per
+// element, r = 11 16 bits.
 TEST(QuantizedModes, SeparateFlushEncodesCarrierAndReadCopyFromOneFold) {
   const SsmShape s{4, 8, 32, 2};
-  for (Mode mode : {Mode::separate_fp8, Mode::separate_nvfp4}) {
-    std::mt19937_64 rng(1000 + int(mode));
+  for (const auto& [mode, r_bits] :
+       {std::pair{Mode::separate_fp8, 7}, {Mode::separate_nvfp4, 7}, {Mode::separate_fp8, 11}}) {
+    std::mt19937_64 rng(1000 + int(mode) + r_bits);
     const LayerParams params = random_params(s, rng);
     CacheConfig config;
     config.mode = mode;
     config.num_slots = 1;
+    config.sr_bits = r_bits;
     config.seed = 0xABCDEF0123ull;
     config.layer = 3;
     ReplayCache cache(s, params, config);
@@ -198,12 +202,18 @@ TEST(QuantizedModes, SeparateFlushEncodesCarrierAndReadCopyFromOneFold) {
         const float* v = fold.data() + size_t(row) * N;
         for (int n = 0; n < N; ++n) {
           const uint64_t e = uint64_t(row) * N + n;
-          // SPEC 6 layout: counter (e / 8, flush, request), 16 bits per element.
-          const U32x4 r = philox4x32(U32x4{{uint32_t(e >> 3), flush_index, 7u, 1u}}, key, 10);
-          const uint16_t want = f32_to_f16_sr(v[n], r.v[(e & 7) >> 1] >> (16 * (e & 1)), 7);
+          // r <= 8: counter (e / 16, flush, request), byte e % 16 of the draw; else counter
+          // (e / 8, ...), 16 bits per element.
+          const bool bytes8 = r_bits <= 8;
+          const uint32_t group = uint32_t(bytes8 ? e >> 4 : e >> 3);
+          const U32x4 r = philox4x32(U32x4{{group, flush_index, 7u, 1u}}, key, 10);
+          const uint32_t field = bytes8 ? (r.v[(e & 15) >> 2] >> (8 * (e & 3))) & 0xffu
+                                        : (r.v[(e & 7) >> 1] >> (16 * (e & 1))) & 0xffffu;
+          const uint16_t want = f32_to_f16_sr(v[n], field, r_bits);
           uint16_t got;
           std::memcpy(&got, bytes.data() + layout.offset[SlotLayout::rec] + 2 * e, 2);
-          ASSERT_EQ(got, want) << mode_name(mode) << " row " << row << " n " << n;
+          ASSERT_EQ(got, want) << mode_name(mode) << " r " << r_bits << " row " << row << " n "
+                               << n;
         }
         std::vector<uint8_t> codes(N), block_scales(N / 16);
         float scale;
@@ -227,6 +237,34 @@ TEST(QuantizedModes, SeparateFlushEncodesCarrierAndReadCopyFromOneFold) {
         std::memcpy(&stored, bytes.data() + layout.offset[SlotLayout::read_scale] + 4 * row, 4);
         ASSERT_EQ(stored, scale);
       }
+    }
+  }
+}
+
+// The chunk form of the random bits that the CUDA encoders take (SrChunk: 16-bit fields, from a
+// draw's half with r <= 8 or the whole draw) gives every element the field sr_random gives it,
+// for every r, both halves of a byte-layout group and counters past 2^32 elements; the group
+// (Philox counter word 0) is element / 16 for r <= 8 and element / 8 above.
+TEST(StochasticRoundingBits, ChunkFormGivesEachElementItsField) {
+  std::mt19937 rng(77);
+  for (int r = 1; r <= 13; ++r) {
+    const SrContext sr = make_sr_context(U32x2{{rng(), rng()}}, 5, 2, r, 10);
+    const uint32_t mask = (1u << r) - 1u;
+    for (uint64_t e : {uint64_t(0), uint64_t(8), uint64_t(16), uint64_t(24), uint64_t(4096 + 8),
+                       (uint64_t(1) << 33) + 8, uint64_t(rng()) * 8}) {
+      const U32x4 draw = sr_draw(sr, e);
+      EXPECT_EQ(sr_counter(sr, e).v[0], uint32_t(e / (r <= 8 ? 16 : 8))) << "r " << r;
+      const SrChunk chunk = sr_chunk(draw, e, r);
+      for (int k = 0; k < 8; ++k) {
+        // The element's own field, read straight from the draw as the layout defines it.
+        const uint64_t i = (e + uint64_t(k)) % (r <= 8 ? 16 : 8);
+        const uint32_t field =
+            r <= 8 ? draw.v[i / 4] >> (8 * (i % 4)) : draw.v[i / 2] >> (16 * (i % 2));
+        EXPECT_EQ(sr_random(draw, e + uint64_t(k), r) & mask, field & mask) << "r " << r;
+        EXPECT_EQ(sr_chunk_random(chunk, k) & mask, field & mask) << "r " << r << " e " << e;
+      }
+      // The draw of the group's other chunk is the same draw.
+      if (r <= 8) EXPECT_EQ(sr_draw(sr, e ^ 8u).v[1], draw.v[1]) << "r " << r;
     }
   }
 }

@@ -22,9 +22,13 @@ struct SlotCheckpoint {
 };
 
 // Where the random bits of a stochastic-rounding encode come from (SPEC section 6):
-// key = (seed_lo, seed_hi ^ layer), counter = (element / 8, flush_index, request_lo, request_hi).
-// One Philox call serves 8 consecutive elements with 16 bits each (the SR reads the low r <= 13
-// of them): element e takes word (e % 8) / 2, its low half for even e and its high half for odd e.
+// key = (seed_lo, seed_hi ^ layer), counter = (group, flush_index, request_lo, request_hi), where
+// one Philox call serves a group of consecutive elements, and the SR reads the low r bits of an
+// element's field:
+//  - r <= 8 (the default r = 7): 16 elements of 8 bits; group = element / 16, and element e takes
+//    byte e % 16 of the draw, bits 8 (e % 4) of word (e % 16) / 4;
+//  - r = 9..13: 8 elements of 16 bits; group = element / 8, and element e takes word (e % 8) / 2,
+//    its low half for even e and its high half for odd e.
 struct SrContext {
   U32x2 key;
   uint64_t request_id;
@@ -34,7 +38,9 @@ struct SrContext {
   PhiloxKeys10 keys10;  // philox_keys10(key): kept, not recomputed, by the 10-round draws
 };
 
-inline constexpr int kSrElementsPerDraw = 8;
+inline constexpr int kSrByteMaxBits = 8;  // the largest r whose elements take a byte of a draw
+
+RSSM_HD int sr_elements_per_draw(int bits) { return bits <= kSrByteMaxBits ? 16 : 8; }
 
 RSSM_HD U32x2 philox_key(uint64_t seed, int layer) {
   return U32x2{{uint32_t(seed), uint32_t(seed >> 32) ^ uint32_t(layer)}};
@@ -46,31 +52,74 @@ RSSM_HD SrContext make_sr_context(U32x2 key, uint64_t request_id, uint32_t flush
 }
 
 RSSM_HD U32x4 sr_counter(const SrContext& sr, uint64_t element) {
-  return U32x4{{uint32_t(element / kSrElementsPerDraw), sr.flush_index, uint32_t(sr.request_id),
-                uint32_t(sr.request_id >> 32)}};
+  return U32x4{{uint32_t(element / uint64_t(sr_elements_per_draw(sr.bits))), sr.flush_index,
+                uint32_t(sr.request_id), uint32_t(sr.request_id >> 32)}};
 }
 
-// The draw of the group of 8 elements that holds `element` (the same bits either way).
+// The draw of the group that holds `element`.
 RSSM_HD U32x4 sr_draw(const SrContext& sr, uint64_t element) {
   return sr.rounds == 10 ? philox4x32_10(sr_counter(sr, element), sr.keys10)
                          : philox4x32(sr_counter(sr, element), sr.key, sr.rounds);
 }
 
-// The random bits of element e from the draw of its group; i = e % 8. Bits above 16 are the
-// next element's and are masked off by the SR (it reads r <= 13 bits).
-RSSM_HD uint32_t sr_random(const U32x4& draw, int i) { return draw.v[i >> 1] >> (16 * (i & 1)); }
+// The random field of `element` in the draw of its group; bits above the field belong to the
+// next elements and are masked off by the SR (it reads r bits).
+RSSM_HD uint32_t sr_random(const U32x4& draw, uint64_t element, int bits) {
+  if (bits <= kSrByteMaxBits) {
+    const int i = int(element % 16);
+    return draw.v[i >> 2] >> (8 * (i & 3));
+  }
+  const int i = int(element % 8);
+  return draw.v[i >> 1] >> (16 * (i & 1));
+}
+
+// The random fields of one chunk of 8 elements e .. e+7 (e % 8 == 0) in one form for both
+// layouts, as the CUDA encoders take them: element k's field in half k % 2 of w[k / 2]. With
+// r <= 8 each half's low byte is the element's byte (sr_chunk_from_bytes) and its high byte is
+// not read.
+struct SrChunk {
+  uint32_t w[4];
+};
+
+// The chunk of the 8 bytes lo (elements 0-3) and hi (4-7) of the byte layout.
+RSSM_HD SrChunk sr_chunk_from_bytes(uint32_t lo, uint32_t hi) {
+#ifdef __CUDA_ARCH__
+  // byte k of the pair to half k % 2 of word k / 2, one PRMT per word
+  return SrChunk{{__byte_perm(lo, 0u, 0x4140u), __byte_perm(lo, 0u, 0x4342u),
+                  __byte_perm(hi, 0u, 0x4140u), __byte_perm(hi, 0u, 0x4342u)}};
+#else
+  const auto spread = [](uint32_t two) { return (two & 0xffu) | (two & 0xff00u) << 8; };
+  return SrChunk{{spread(lo), spread(lo >> 16), spread(hi), spread(hi >> 16)}};
+#endif
+}
+
+// The chunk that starts at element e (e % 8 == 0) from the draw of its group: with r <= 8 the
+// draw's half that holds it (words 0-1 for even e / 8, 2-3 for odd; sr_byte_chunk, for callers
+// that know r <= 8), otherwise the whole draw.
+RSSM_HD SrChunk sr_byte_chunk(const U32x4& draw, uint64_t e) {
+  const bool upper = (e / 8) % 2 != 0;
+  return sr_chunk_from_bytes(upper ? draw.v[2] : draw.v[0], upper ? draw.v[3] : draw.v[1]);
+}
+RSSM_HD SrChunk sr_chunk(const U32x4& draw, uint64_t e, int bits) {
+  if (bits <= kSrByteMaxBits) return sr_byte_chunk(draw, e);
+  return SrChunk{{draw.v[0], draw.v[1], draw.v[2], draw.v[3]}};
+}
+
+// Element k (0..7) of a chunk: sr_random of element e + k.
+RSSM_HD uint32_t sr_chunk_random(const SrChunk& c, int k) { return c.w[k >> 1] >> (16 * (k & 1)); }
 
 // Fp16 stochastic rounding of values[0..n) whose element indices start at `first_element`.
 // Returns the number of saturated elements.
 RSSM_HD int encode_f16_sr_row(const float* values /*[n]*/, int n, uint64_t first_element,
                               const SrContext& sr, uint16_t* out /*[n]*/) {
   int saturated = 0;
+  const int per_draw = sr_elements_per_draw(sr.bits);
   U32x4 draw{};
   for (int i = 0; i < n; ++i) {
     const uint64_t e = first_element + uint64_t(i);
-    if (i == 0 || e % kSrElementsPerDraw == 0) draw = sr_draw(sr, e);
+    if (i == 0 || e % uint64_t(per_draw) == 0) draw = sr_draw(sr, e);
     bool sat = false;
-    out[i] = f32_to_f16_sr(values[i], sr_random(draw, int(e % kSrElementsPerDraw)), sr.bits, &sat);
+    out[i] = f32_to_f16_sr(values[i], sr_random(draw, e, sr.bits), sr.bits, &sat);
     saturated += sat ? 1 : 0;
   }
   return saturated;

@@ -65,7 +65,9 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
   return flush_expected_entries(batch, tokens, L) * H <= grid;
 }
 
-// kShortSr: the caller knows r <= 12 (encode8_f16_sr's short form only).
+// kShortSr: the caller knows r <= kSrByteMaxBits (8: encode8_f16_sr's short form only, a byte of
+// a draw per element) and N % 16 == 0, so that the two lanes of a draw group share its draws
+// (prepare_rows' kPairedDraws).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads and the
 // staging of its fold's operands, so that their latency and the status words' overlap) unless
 // entry check_b is valid.
@@ -157,7 +159,9 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 #pragma unroll
     for (int r = 0; r < kRows; ++r) erow[r] = h * P + clamped[r];
     EncodePrep prep[kRows];
-    if constexpr (kPrepFirst) prepare_rows<kMode>(lane_amax, erow, rm.n0, N, rm.lanes, sr, prep);
+    if constexpr (kPrepFirst)
+      prepare_rows<kMode, kRows, kShortSr && kRows % 2 == 0>(lane_amax, erow, rm.n0, N, rm.lanes,
+                                                             sr, prep);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if constexpr (kAmaxFirst) {
@@ -196,7 +200,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // nemotron-h-8b batch 16 separate-nvfp4 33.9 -> 27.6. Where nothing is split a kernel holding
 // both forms cost 1-5% (nemotron-h-8b batch 64 separate-fp8 49.4 -> 51.7 us), so the launcher
 // picks the form and the whole-head one is the code it was before.
-// kShortSr (stochastic-rounding modes with r <= 12, the default r = 7): see flush_head.
+// kShortSr (stochastic-rounding modes with r <= 8, the default r = 7, and dstate a multiple of
+// 16): see flush_head.
 // first: the whole-head form's list entry of item blockIdx.x, loaded with the count. The chunked
 // form loads every item's entry itself and ignores it (its caller passes an empty one).
 template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound>

@@ -230,20 +230,23 @@ __device__ __forceinline__ int count_f16_saturated(const float (&v)[8], float bo
 
 // Stochastic rounding of 8 values to fp16 (SPEC 6), element indices e .. e+7 (e % 8 == 0);
 // element k in half k % 2 of words[k / 2] (the layout of the 16 bytes a checkpoint row stores).
-// kShortSr: the caller guarantees r <= 12 (the flush is specialised for it), so only the short
-// form is compiled and the 8 elements' instructions interleave without a branch each.
+// kShortSr: the caller guarantees r <= kSrByteMaxBits (the flush is specialised for it), so only
+// the short form is compiled and the 8 elements' instructions interleave without a branch each.
 // kBounded: `bound` is an upper bound of the 8 |v| that the caller has at hand (the row amax of
 // the separate modes' read encoder); otherwise the function takes their maximum itself.
-// drawn: sr_draw(sr, e) where the caller has taken it already (EncodePrep), else null.
+// drawn: the chunk's random fields where the caller has taken them already (EncodePrep), else
+// null.
 // kCountSaturation = false: the caller counts the saturated elements itself (flush_head, once for
 // all its rows), and this returns 0.
 template <bool kShortSr = false, bool kBounded = false, bool kCountSaturation = true>
 __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, const SrContext& sr,
                                               uint32_t (&words)[4], float bound = 0.f,
-                                              const U32x4* drawn = nullptr) {
+                                              const SrChunk* drawn = nullptr) {
   int saturated = 0;
-  // e % 8 == 0: one draw; round keys from the parameters
-  const U32x4 draw = drawn ? *drawn : sr_draw(sr, e);
+  // e % 8 == 0: one draw (or half of one); round keys from the parameters
+  const SrChunk chunk = drawn      ? *drawn
+                        : kShortSr ? sr_byte_chunk(sr_draw(sr, e), e)
+                                   : sr_chunk(sr_draw(sr, e), e, sr.bits);
   // The short form needs r <= 12 and no NaN (the encoders sanitize first); r = 13 is rare. With
   // kShortSr the condition is a constant and the long form is not compiled.
   const bool fast = kShortSr || sr.bits <= kSrFastMaxBits;
@@ -252,8 +255,9 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
   if (fast) {
 #pragma unroll
     for (int k = 0; k < 8; k += 2) {
-      words[k / 2] = f16x2_sr_short(v[k], v[k + 1], f16_sr_fraction(sr_random(draw, k), sr.bits),
-                                    f16_sr_fraction(sr_random(draw, k + 1), sr.bits));
+      words[k / 2] =
+          f16x2_sr_short(v[k], v[k + 1], f16_sr_fraction(sr_chunk_random(chunk, k), sr.bits),
+                         f16_sr_fraction(sr_chunk_random(chunk, k + 1), sr.bits));
       if (kCountSaturation && !kBounded)
         magnitude = fmaxf(magnitude, fmaxf(fabsf(v[k]), fabsf(v[k + 1])));
     }
@@ -261,8 +265,8 @@ __device__ __forceinline__ int encode8_f16_sr(const float (&v)[8], uint64_t e, c
 #pragma unroll
     for (int k = 0; k < 8; k += 2) {
       bool sat0 = false, sat1 = false;
-      const uint32_t lo = f32_to_f16_sr(v[k], sr_random(draw, k), sr.bits, &sat0);
-      const uint32_t hi = f32_to_f16_sr(v[k + 1], sr_random(draw, k + 1), sr.bits, &sat1);
+      const uint32_t lo = f32_to_f16_sr(v[k], sr_chunk_random(chunk, k), sr.bits, &sat0);
+      const uint32_t hi = f32_to_f16_sr(v[k + 1], sr_chunk_random(chunk, k + 1), sr.bits, &sat1);
       words[k / 2] = lo | hi << 16;
       saturated += (sat0 ? 1 : 0) + (sat1 ? 1 : 0);
     }
@@ -399,12 +403,16 @@ __device__ __forceinline__ float encode8_nvfp4(const float (&v)[8], float amax, 
 // work could fill, since the encodes have branches between them.
 struct EncodePrep {
   float amax, pair;
-  U32x4 draw;
+  SrChunk draw;  // the chunk's random fields
 };
 
 // EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p);
 // lane_amax: lane_amax8 of each row's chunk (flush_head has them from sanitize_rows).
-template <Mode kMode, int K>
+// kPairedDraws (r <= kSrByteMaxBits, N % 16 == 0, K even): the lanes 2m and 2m + 1 of a row hold
+// its elements [16m, 16m + 16), one draw group, in every one of their K rows. The even lane draws
+// for the first K / 2 rows and the odd lane for the others, and each passes the other its half:
+// K / 2 draws per thread instead of K, for 2 K shuffles.
+template <Mode kMode, int K, bool kPairedDraws = false>
 __device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const int (&rows)[K],
                                              int n0, int N, int lanes, const SrContext& sr,
                                              EncodePrep (&prep)[K]) {
@@ -416,9 +424,30 @@ __device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const 
 #pragma unroll
     for (int r = 0; r < K; ++r) prep[r].amax = amax[r], prep[r].pair = pair[r];
   }
-  if constexpr (uses_stochastic_rounding(kMode)) {
+  if constexpr (uses_stochastic_rounding(kMode) && kPairedDraws) {
+    static_assert(K % 2 == 0, "paired draws split a thread's rows in two halves");
+    constexpr int kHalf = K / 2;
+    const bool odd = (n0 / 8) % 2 != 0;
 #pragma unroll
-    for (int r = 0; r < K; ++r) prep[r].draw = sr_draw(sr, chunk_element(rows[r], n0, N));
+    for (int r = 0; r < kHalf; ++r) {
+      // Row r (even lane) or r + K/2 (odd lane); the pair's elements e and e + 8 share the draw.
+      const int own = odd ? r + kHalf : r;
+      const U32x4 d = sr_draw(sr, chunk_element(rows[own], n0, N));
+      // Words 0-1 serve the even lane's chunk, 2-3 the odd lane's: keep one half, pass the other.
+      const uint32_t keep0 = odd ? d.v[2] : d.v[0], keep1 = odd ? d.v[3] : d.v[1];
+      const uint32_t give0 = odd ? d.v[0] : d.v[2], give1 = odd ? d.v[1] : d.v[3];
+      const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+      const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+      // The partner drew row r + K/2 (for the even lane) or r (for the odd one).
+      prep[r].draw = sr_chunk_from_bytes(odd ? got0 : keep0, odd ? got1 : keep1);
+      prep[r + kHalf].draw = sr_chunk_from_bytes(odd ? keep0 : got0, odd ? keep1 : got1);
+    }
+  } else if constexpr (uses_stochastic_rounding(kMode)) {
+#pragma unroll
+    for (int r = 0; r < K; ++r) {
+      const uint32_t e = chunk_element(rows[r], n0, N);
+      prep[r].draw = sr_chunk(sr_draw(sr, e), e, sr.bits);
+    }
   }
 }
 

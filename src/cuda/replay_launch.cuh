@@ -39,7 +39,7 @@ template <Mode kMode>
 void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) {
   with_act(lc, [&]<typename ActT>() {
     constexpr bool kSr = uses_stochastic_rounding(kMode);
-    const bool short_sr = kSr && p.sr_bits <= kSrFastMaxBits;
+    const bool short_sr = kSr && p.sr_bits <= kSrByteMaxBits && p.N % 16 == 0;
     size_flush_grid(lc, flush_kernel<kMode, ActT, false, false>, 0);
     const bool chunked = flush_splits_rows(p.batch, p.tokens, p.L, p.H, lc.flush_grid[0]);
     // separate-nvfp4's one-round shape only where the whole-head form runs and its grid holds

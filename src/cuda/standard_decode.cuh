@@ -80,12 +80,13 @@ __device__ __forceinline__ void store_state8(StateT* dst, const float (&s)[8], b
     store16<kStream>(dst, raw);
   } else {
     if (sr) {
-      // element % 8 == 0: the 8 values share one draw (checkpoint_codec.h's layout).
+      // element % 8 == 0: the 8 values share one draw or half of one (checkpoint_codec.h).
       const SrContext sr = make_sr_context(p.key, request, flush, p.sr_bits, p.philox_rounds);
-      const U32x4 draw = philox4x32(sr_counter(sr, element), p.key, p.philox_rounds);
+      const SrChunk chunk =
+          sr_chunk(philox4x32(sr_counter(sr, element), p.key, p.philox_rounds), element, p.sr_bits);
       uint16_t v[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_random(draw, k), p.sr_bits);
+      for (int k = 0; k < 8; ++k) v[k] = f32_to_f16_sr(s[k], sr_chunk_random(chunk, k), p.sr_bits);
       uint4 raw;
       uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
 #pragma unroll
