@@ -406,12 +406,35 @@ struct EncodePrep {
   SrChunk draw;  // the chunk's random fields
 };
 
+// The random fields of K rows' chunks [n0, n0 + 8) (`rows`: the rows' indices, h P + p), for
+// callers that know r <= kSrByteMaxBits and N % 16 == 0, K even: the lanes 2m and 2m + 1 of a row
+// then hold its elements [16m, 16m + 16), one draw group, in every one of their K rows. The even
+// lane draws for the first K / 2 rows and the odd lane for the others, and each passes the other
+// its half: K / 2 draws per thread instead of K, for K shuffles. All lanes of the warp call it.
+template <int K>
+__device__ __forceinline__ void paired_row_draws(const int (&rows)[K], int n0, int N,
+                                                 const SrContext& sr, SrChunk (&chunk)[K]) {
+  static_assert(K % 2 == 0, "paired draws split a thread's rows in two halves");
+  constexpr int kHalf = K / 2;
+  const bool odd = (n0 / 8) % 2 != 0;
+#pragma unroll
+  for (int r = 0; r < kHalf; ++r) {
+    // Row r (even lane) or r + K/2 (odd lane); the pair's elements e and e + 8 share the draw.
+    const U32x4 d = sr_draw(sr, chunk_element(rows[odd ? r + kHalf : r], n0, N));
+    // Words 0-1 serve the even lane's chunk, 2-3 the odd lane's: keep one half, pass the other.
+    const uint32_t keep0 = odd ? d.v[2] : d.v[0], keep1 = odd ? d.v[3] : d.v[1];
+    const uint32_t give0 = odd ? d.v[0] : d.v[2], give1 = odd ? d.v[1] : d.v[3];
+    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+    // The partner drew row r + K/2 (for the even lane) or r (for the odd one).
+    chunk[r] = sr_chunk_from_bytes(odd ? got0 : keep0, odd ? got1 : keep1);
+    chunk[r + kHalf] = sr_chunk_from_bytes(odd ? keep0 : got0, odd ? keep1 : got1);
+  }
+}
+
 // EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p);
 // lane_amax: lane_amax8 of each row's chunk (flush_head has them from sanitize_rows).
-// kPairedDraws (r <= kSrByteMaxBits, N % 16 == 0, K even): the lanes 2m and 2m + 1 of a row hold
-// its elements [16m, 16m + 16), one draw group, in every one of their K rows. The even lane draws
-// for the first K / 2 rows and the odd lane for the others, and each passes the other its half:
-// K / 2 draws per thread instead of K, for 2 K shuffles.
+// kPairedDraws: the draws by paired_row_draws (its conditions hold).
 template <Mode kMode, int K, bool kPairedDraws = false>
 __device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const int (&rows)[K],
                                              int n0, int N, int lanes, const SrContext& sr,
@@ -425,23 +448,10 @@ __device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const 
     for (int r = 0; r < K; ++r) prep[r].amax = amax[r], prep[r].pair = pair[r];
   }
   if constexpr (uses_stochastic_rounding(kMode) && kPairedDraws) {
-    static_assert(K % 2 == 0, "paired draws split a thread's rows in two halves");
-    constexpr int kHalf = K / 2;
-    const bool odd = (n0 / 8) % 2 != 0;
+    SrChunk chunk[K];
+    paired_row_draws(rows, n0, N, sr, chunk);
 #pragma unroll
-    for (int r = 0; r < kHalf; ++r) {
-      // Row r (even lane) or r + K/2 (odd lane); the pair's elements e and e + 8 share the draw.
-      const int own = odd ? r + kHalf : r;
-      const U32x4 d = sr_draw(sr, chunk_element(rows[own], n0, N));
-      // Words 0-1 serve the even lane's chunk, 2-3 the odd lane's: keep one half, pass the other.
-      const uint32_t keep0 = odd ? d.v[2] : d.v[0], keep1 = odd ? d.v[3] : d.v[1];
-      const uint32_t give0 = odd ? d.v[0] : d.v[2], give1 = odd ? d.v[1] : d.v[3];
-      const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
-      const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-      // The partner drew row r + K/2 (for the even lane) or r (for the odd one).
-      prep[r].draw = sr_chunk_from_bytes(odd ? got0 : keep0, odd ? got1 : keep1);
-      prep[r + kHalf].draw = sr_chunk_from_bytes(odd ? keep0 : got0, odd ? keep1 : got1);
-    }
+    for (int r = 0; r < K; ++r) prep[r].draw = chunk[r];
   } else if constexpr (uses_stochastic_rounding(kMode)) {
 #pragma unroll
     for (int r = 0; r < K; ++r) {
@@ -462,12 +472,14 @@ __device__ __forceinline__ void prepare_rows(const float (&lane_amax)[K], const 
 // amaxes (count_f16_saturated), and they are not added to *saturated here.
 // lane_amax: without prep, the chunk's lane_amax8 where the caller has it (sanitize_by_amax), for
 // the modes with row scales.
+// drawn: without prep, the chunk's random fields where the caller has them (paired_row_draws).
 template <Mode kMode, bool kShortSr = false>
 __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int n0, int N,
                                          int lane_in_row, int lanes, const float (&v)[8],
                                          const SrContext& sr, float (&rv)[8], int* saturated,
                                          bool store, const EncodePrep* prep = nullptr,
-                                         const float* lane_amax = nullptr) {
+                                         const float* lane_amax = nullptr,
+                                         const SrChunk* drawn = nullptr) {
   const uint32_t e = chunk_element(row, n0, N);
   int sat = 0;
   if constexpr (kMode == Mode::fp32) {
@@ -500,7 +512,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     return 1.f;
   } else if constexpr (kMode == Mode::fp16_sr) {
     uint32_t w[4];
-    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w, 0.f, prep ? &prep->draw : nullptr);
+    sat = encode8_f16_sr<kShortSr>(v, uint64_t(e), sr, w, 0.f, prep ? &prep->draw : drawn);
 #pragma unroll
     for (int i = 0; i < 8; ++i) rv[i] = f16_to_f32(uint16_t(w[i / 2] >> (16 * (i % 2))));
     if (store) {
@@ -539,7 +551,7 @@ __device__ __forceinline__ float encode8(const SlotSections& s, int64_t row, int
     }
     uint32_t w[4];
     sat = prep ? encode8_f16_sr<kShortSr, true, false>(v, uint64_t(e), sr, w, amax, &prep->draw)
-               : encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax);
+               : encode8_f16_sr<kShortSr, true>(v, uint64_t(e), sr, w, amax, drawn);
     if (store) {
       if (lane_in_row == 0) s.read_scale[row] = scale;
       store8_u16(static_cast<uint16_t*>(s.rec) + e, w);
