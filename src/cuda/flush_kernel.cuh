@@ -67,7 +67,7 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 
 // kShortSr: the caller knows r <= kSrByteMaxBits (8: encode8_f16_sr's short form only, a byte of
 // a draw per element) and N % 16 == 0, so that the two lanes of a draw group share its draws
-// (prepare_rows' kPairedDraws).
+// (paired_row_draws).
 // check_b >= 0: the item comes from the flush list and is skipped (after its first loads and the
 // staging of its fold's operands, so that their latency and the status words' overlap) unless
 // entry check_b is valid.
