@@ -161,11 +161,12 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
     // With kShortSr the two lanes of a draw group split its draws (paired_row_draws): in
     // prepare_rows where it runs, else before the rows' encodes.
     constexpr bool kPaired = kShortSr && kRows % 2 == 0 && uses_stochastic_rounding(kMode);
+    constexpr bool kDrawnFirst = kPaired && !kPrepFirst;  // the draws outside prepare_rows
     EncodePrep prep[kRows];
     if constexpr (kPrepFirst)
       prepare_rows<kMode, kRows, kPaired>(lane_amax, erow, rm.n0, N, rm.lanes, sr, prep);
-    SrChunk drawn[kPaired && !kPrepFirst ? kRows : 1];
-    if constexpr (kPaired && !kPrepFirst) paired_row_draws(erow, rm.n0, N, sr, drawn);
+    SrChunk drawn[kDrawnFirst ? kRows : 1];
+    if constexpr (kDrawnFirst) paired_row_draws(erow, rm.n0, N, sr, drawn);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if constexpr (kAmaxFirst) {
@@ -179,7 +180,7 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
       encode8<kMode, kShortSr>(sec, erow[r], rm.n0, N, rm.lane_in_row, rm.lanes, v[r], sr, rv,
                                &saturated, row[r] < P, kPrepFirst ? &prep[r] : nullptr,
                                kAmaxFirst ? &lane_amax[r] : nullptr,
-                               kPaired && !kPrepFirst ? &drawn[r] : nullptr);
+                               kDrawnFirst ? &drawn[r] : nullptr);
       if (row[r] < P) nonfinite += bad[r];
     }
     if constexpr (kPrepFirst && is_separate(kMode)) {  // the carrier's saturation (encode8)
