@@ -3,7 +3,8 @@
 # error it raises, seen on the GPU machine's Python 3.12): a child process raises the module's
 # error three times, and the script prints how it ended, which libraries the C++ unwinder's entry
 # points were bound to (LD_DEBUG=bindings: a libunwind.so.8 that interposes on libgcc_s is one
-# known cause of such crashes) and which C++ runtimes and unwinders were mapped.
+# known cause of such crashes) and which C++ runtimes and unwinders were mapped; where the child
+# died and gdb is installed, its backtrace.
 #   scripts/diag_python_exceptions.sh [BUILD_DIR]   (default build; needs its python/replayssm*.so)
 set -uo pipefail
 build=${1:-build}
@@ -27,8 +28,14 @@ with open("/proc/self/maps") as maps:
         k in line for k in ("unwind", "gcc_s", "stdc++", "c++abi"))})
 print("mapped C++ runtimes and unwinders:", *libs, sep="\n  ")
 '
-PYTHONPATH="$build/python" LD_DEBUG=bindings LD_DEBUG_OUTPUT="$log" python3 -c "$child"
-echo "child exit status: $? (139 = SIGSEGV)"
+PYTHONPATH="$build/python" LD_DEBUG=bindings LD_DEBUG_OUTPUT="$log" python3 -X faulthandler -c "$child"
+status=$?
+echo "child exit status: $status (139 = SIGSEGV)"
+if ((status != 0)) && command -v gdb >/dev/null; then
+  echo "the child again under gdb, its backtrace at the signal:"
+  PYTHONPATH="$build/python" timeout 120 gdb -q -batch -ex run -ex bt -ex "info sharedlibrary" \
+    --args python3 -c "$child" 2>&1 | grep -vE "^\[(New|Thread)|libthread_db" | tail -60
+fi
 echo "bindings of the unwinder and the C++ throw / catch entry points:"
 entry='_Unwind_RaiseException|_Unwind_Resume|__cxa_throw|__cxa_begin_catch|__gxx_personality_v0'
 cat "$log"* 2>/dev/null | grep -E "symbol \`($entry)'" |
