@@ -4,6 +4,8 @@ in float64, written here from the formulas, not from the C++ code.
 Run by CTest (label cpu) with PYTHONPATH=build/python.
 """
 import importlib.util
+import shutil
+import subprocess
 import unittest
 
 import numpy as np
@@ -124,6 +126,19 @@ class BindingsTest(unittest.TestCase):
         self.assertRegex(replayssm.__version__, r"^\d+\.\d+\.\d+$")
         # A git commit (12 hex digits, maybe -dirty), "unknown", or -DREPLAYSSM_BUILD_COMMIT's value.
         self.assertRegex(replayssm.build_commit, r"^\S+$")
+
+    @unittest.skipUnless(shutil.which("readelf"), "needs readelf")
+    def test_module_uses_the_shared_cxx_runtime(self):
+        # A private static libstdc++ in the module, beside the libstdc++.so.6 numpy loads, killed
+        # the interpreter at the module's first exception (docs/python.md).
+        dynamic = subprocess.run(["readelf", "-d", replayssm.__file__], capture_output=True,
+                                 text=True, check=True).stdout
+        self.assertIn("[libstdc++.so.6]", dynamic)
+        symbols = subprocess.run(["readelf", "--dyn-syms", "-W", replayssm.__file__],
+                                 capture_output=True, text=True, check=True).stdout
+        own = [line for line in symbols.splitlines()
+               if line.split()[-1:] == ["__cxa_throw"] and " UND " not in line]
+        self.assertEqual(own, [], "the module defines its own __cxa_throw")
 
     def test_fp32_mode_matches_the_recurrence(self):
         self.run_decode("fp32", "fp32", 1e-5)
