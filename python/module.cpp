@@ -308,6 +308,13 @@ PYBIND11_MODULE(replayssm, m) {
   m.attr("__version__") = replayssm::version();
   m.attr("build_commit") = replayssm::build_commit();  // as `replayssm --version` prints it
   py::register_exception<replayssm::Error>(m, "Error", PyExc_ValueError);
+  m.def(
+      "backend_available",
+      [](const std::string& backend) {
+        return replayssm::backend_available(replayssm::parse_backend(backend));
+      },
+      py::arg("backend"),
+      "Whether a backend ('cpu' or 'cuda') can be used here: cuda needs a CUDA build and a GPU");
   py::class_<PyCache>(m, "ReplayCache")
       .def(py::init<std::vector<int>, const replayssm::F32Array&, const replayssm::F32Array&,
                     const replayssm::F32Array&, const std::string&, int, int, int,

@@ -214,6 +214,12 @@ class BindingsTest(unittest.TestCase):
         with self.assertRaisesRegex(replayssm.Error, "fp32"):  # float32 given to a bf16 cache
             c.verify(slots[:1], Foreign(x[:1]), Foreign(B[:1]), Foreign(C[:1]), Foreign(dt[:1]))
 
+    def test_backend_availability(self):
+        self.assertTrue(replayssm.backend_available("cpu"))
+        self.assertIsInstance(replayssm.backend_available("cuda"), bool)
+        with self.assertRaisesRegex(replayssm.Error, "unknown backend 'tpu'"):
+            replayssm.backend_available("tpu")
+
     def test_errors_name_the_problem(self):
         cache, _, rng = self.make("fp32")
         slot = np.array([cache.allocate(1)], dtype=np.int32)
@@ -235,6 +241,8 @@ class TorchCudaTest(unittest.TestCase):
         import torch
         if not torch.cuda.is_available():
             self.skipTest("no GPU")
+        if not replayssm.backend_available("cuda"):
+            self.skipTest("the module was built without the CUDA backend")
         shape = (8, 64, 128, 2)
         H, P, N, G = shape
         rng = np.random.default_rng(9)
