@@ -4,6 +4,7 @@ in float64, written here from the formulas, not from the C++ code.
 Run by CTest (label cpu) with PYTHONPATH=build/python.
 """
 import importlib.util
+import re
 import shutil
 import subprocess
 import unittest
@@ -133,11 +134,14 @@ class BindingsTest(unittest.TestCase):
         # the interpreter at the module's first exception (docs/python.md).
         dynamic = subprocess.run(["readelf", "-d", replayssm.__file__], capture_output=True,
                                  text=True, check=True).stdout
-        self.assertIn("[libstdc++.so.6]", dynamic)
+        needed = re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic)
+        self.assertIn("libstdc++.so.6", needed, "the module links no shared libstdc++")
         symbols = subprocess.run(["readelf", "--dyn-syms", "-W", replayssm.__file__],
                                  capture_output=True, text=True, check=True).stdout
-        own = [line for line in symbols.splitlines()
-               if line.split()[-1:] == ["__cxa_throw"] and " UND " not in line]
+        # Columns: Num, Value, Size, Type, Bind, Vis, Ndx (UND where imported), Name[@version].
+        rows = [line.split() for line in symbols.splitlines()]
+        own = [row for row in rows
+               if len(row) >= 8 and row[7].split("@")[0] == "__cxa_throw" and row[6] != "UND"]
         self.assertEqual(own, [], "the module defines its own __cxa_throw")
 
     def test_fp32_mode_matches_the_recurrence(self):
