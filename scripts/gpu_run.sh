@@ -12,6 +12,8 @@
 # step), PHASE_ARGS (the phases step's configurations, ';'-separated),
 # DIAG_PATCH (a diagnostic patch of bench/diagnostics applied before the build, e.g.
 # bench/diagnostics/direct-phase-clock.patch: never on a tree whose numbers are reported),
+# REPLAYSSM_BIN (the program the bench, table, profile, stalls, kernels, phases and drift steps
+# run; default ./build/bin/replayssm; a .xz file is decompressed first),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -33,7 +35,14 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, logs to $out/
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
-bin=./build/bin/replayssm
+# REPLAYSSM_BIN: a replayssm program built elsewhere (an sm_90a build carried with the call, maybe
+# xz-compressed) for the steps that run it, so that a short lease needs no `build` step.
+bin=${REPLAYSSM_BIN:-./build/bin/replayssm}
+if [[ $bin == *.xz ]]; then
+  xz -dc "$bin" >/tmp/replayssm-carried && chmod +x /tmp/replayssm-carried || exit 1
+  bin=/tmp/replayssm-carried
+fi
+[[ -x $bin ]] && "$bin" --version | sed 's/^/replayssm /' | tee -a "$out/gpu.txt"
 
 if [[ -n ${DIAG_PATCH:-} ]]; then
   # git apply where the tree is a checkout, patch(1) where it is a plain copy.
