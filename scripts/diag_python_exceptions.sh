@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Diagnoses docs/python.md's open problem (the module's process dying with SIGSEGV at the second
-# error it raises, seen on the GPU machine's Python 3.12): a child process raises the module's
-# error three times, and the script prints how it ended, which libraries the C++ unwinder's entry
-# points were bound to (LD_DEBUG=bindings: a libunwind.so.8 that interposes on libgcc_s is one
-# known cause of such crashes) and which C++ runtimes and unwinders were mapped; where the child
-# died and gdb is installed, its backtrace.
+# Diagnoses a Python process that dies when the module raises (docs/python.md: on the GPU
+# machine's Python 3.12 it died at the module's first or second error, because the module carried
+# a private static libstdc++; CMakeLists.txt now links the shared one): a child process raises the
+# module's error three times, and the script prints how it ended, which libraries the C++
+# unwinder's entry points were bound to (LD_DEBUG=bindings: an entry point bound to the module
+# itself means a private runtime; a libunwind.so.8 that interposes on libgcc_s is another known
+# cause) and which C++ runtimes and unwinders were mapped; where the child died and gdb is
+# installed, its backtrace.
 #   scripts/diag_python_exceptions.sh [BUILD_DIR]   (default build; needs its python/replayssm*.so)
 set -uo pipefail
 build=${1:-build}

@@ -42,7 +42,6 @@ if [[ $bin == *.xz ]]; then
   xz -dc "$bin" >/tmp/replayssm-carried && chmod +x /tmp/replayssm-carried || exit 1
   bin=/tmp/replayssm-carried
 fi
-[[ -x $bin ]] && "$bin" --version | sed 's/^/replayssm /' | tee -a "$out/gpu.txt"
 
 if [[ -n ${DIAG_PATCH:-} ]]; then
   # git apply where the tree is a checkout, patch(1) where it is a plain copy.
@@ -57,6 +56,8 @@ if has build; then
     -DCMAKE_BUILD_TYPE=Release || exit 1
   step build 400 cmake --build build -j16 || exit 1
 fi
+# Which program the later steps run (a carried REPLAYSSM_BIN, or the build's).
+[[ -x $bin ]] && "$bin" --version | sed 's/^/replayssm /' | tee -a "$out/gpu.txt"
 if has test; then
   step test 300 ctest --test-dir build -L gpu --output-on-failure -j4
   grep -E "tests passed|tests failed|\*\*\*Failed|Failed  " "$out/test.txt" | head -20

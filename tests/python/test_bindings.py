@@ -246,7 +246,7 @@ class TorchCudaTest(unittest.TestCase):
         if not torch.cuda.is_available():
             self.skipTest("no GPU")
         if not replayssm.backend_available("cuda"):
-            self.skipTest("the module was built without the CUDA backend")
+            self.skipTest("the module's cuda backend is not available (built without CUDA)")
         shape = (8, 64, 128, 2)
         H, P, N, G = shape
         rng = np.random.default_rng(9)
