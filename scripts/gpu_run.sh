@@ -2,18 +2,19 @@
 # Build, test, check and benchmark the CUDA backend on a GPU machine in one call (the device lease
 # is short). Every step writes its log to $OUT (or ./gpu-out); a failing step does not stop the
 # later ones, and the exit status is non-zero when any step failed.
-#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench table profile stalls kernels
-#                                    phases drift
+#   scripts/gpu_run.sh [STEP...]     steps: build test racecheck bench table profile stalls source
+#                                    kernels phases drift
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), TABLE_ARGS (the headline table's), PROFILE_ARGS (the profiled bench's),
 # STALLS_KERNELS / STALLS_WINDOW / STALLS_COUNT (the kernels, window and number of launches of the
-# stalls step), KERNELS_WINDOW / KERNELS_COUNT (the window and number of launches of the kernels
-# step), PHASE_ARGS (the phases step's configurations, ';'-separated),
+# stalls step), SOURCE_KERNEL / SOURCE_WINDOW (the kernel and window of the source step),
+# KERNELS_WINDOW / KERNELS_COUNT (the window and number of launches of the kernels step),
+# PHASE_ARGS (the phases step's configurations, ';'-separated),
 # DIAG_PATCH (a diagnostic patch of bench/diagnostics applied before the build, e.g.
 # bench/diagnostics/direct-phase-clock.patch: never on a tree whose numbers are reported),
-# REPLAYSSM_BIN (the program the bench, table, profile, stalls, kernels, phases and drift steps
-# run; default ./build/bin/replayssm; a .xz file is decompressed first),
+# REPLAYSSM_BIN (the program the bench, table, profile, stalls, source, kernels, phases and
+# drift steps run; default ./build/bin/replayssm; a .xz file is decompressed first),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
 # run there afterwards, results under $OUT/ab, so both versions are measured in one call).
 set -uo pipefail
@@ -117,6 +118,19 @@ if has stalls; then
     -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -c "${STALLS_COUNT:-4}" \
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${STALLS_WINDOW:-8}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
+fi
+if has source; then
+  # Where one kernel's warps wait, by region of its SASS and by instruction (warp-state samples;
+  # scripts/ncu_source_summary.py): SOURCE_KERNEL (an ncu name regex, verify_kernel),
+  # SOURCE_WINDOW (1); PROFILE_ARGS the other bench options. The source page is kept in
+  # source.csv.xz.
+  step source 240 ncu --clock-control none --section WarpStateStats --section SourceCounters \
+    --import-source no -k regex:"${SOURCE_KERNEL:-verify_kernel}" -c 1 -f -o /tmp/replayssm-source \
+    $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${SOURCE_WINDOW:-1}" \
+    ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
+  ncu --import /tmp/replayssm-source.ncu-rep --page source --csv --print-source sass \
+    >/tmp/replayssm-source.csv && xz -c /tmp/replayssm-source.csv >"$out/source.csv.xz" &&
+    python3 scripts/ncu_source_summary.py /tmp/replayssm-source.csv | tee "$out/source-summary.txt"
 fi
 if has kernels; then
   # Each kernel of a replay step alone (ncu serialises them), summed per step and grouped by the

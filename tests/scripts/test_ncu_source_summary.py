@@ -1,0 +1,102 @@
+"""scripts/ncu_source_summary.py on a small hand-written source page: regions (straight-line
+code, a loop, a branch body inside straight-line code), the stall reasons' shares, the ranking of
+instructions, the choice of kernel, and the errors for pages without the needed columns."""
+import contextlib
+import importlib.util
+import io
+import os
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = importlib.util.spec_from_file_location(
+    "ncu_source_summary", os.path.join(HERE, "..", "..", "scripts", "ncu_source_summary.py"))
+ns = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(ns)
+
+HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)",'
+          '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_long_sb",'
+          '"stall_barrier","stall_long_sb (Not Issued)"\n')
+# Kernel 1: 4 warps. Instructions 0-1 straight, 2 a branch body taken by 2 warps, 3-5 a loop
+# (8 and 16 times per warp), 6 straight again. Kernel 2: one instruction.
+PAGE = ('"Kernel Name","void k1(int)"\n' + HEADER +
+        '"0x10","  LDG.E R2, [R4]","1","1","4","1","0","1"\n'
+        '"0x20","  STG.E [R6], R2","30","30","4","30","0","30"\n'
+        '"0x30","@P0 IADD3 R1, R1, 1","0","0","2","0","0","0"\n'
+        '"0x40","  LDG.E R8, [R4]","2","1","32","2","0","2"\n'
+        '"0x50","@P1 BRA 0x40","50","49","32","50","0","50"\n'
+        '"0x60","  FFMA R9, R9, R9, R9","1,200","0","64","0","0","0"\n'
+        '"0x70","  BAR.SYNC 0x0","17","17","4","0","17","0"\n'
+        '"Kernel Name","void k2()"\n' + HEADER +
+        '"0x10","  EXIT","5","5","1","0","5","0"\n')
+
+
+class NcuSourceSummary(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def write(self, text):
+        path = os.path.join(self.dir.name, "source.csv")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def run_main(self, *args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            ns.main([self.write(PAGE), *args])
+        return out.getvalue()
+
+    def test_reads_both_kernels_and_their_numbers(self):
+        kernels = ns.read_kernels(self.write(PAGE))
+        self.assertEqual([k[0] for k in kernels], ["void k1(int)", "void k2()"])
+        code = kernels[0][1]
+        self.assertEqual(len(code), 7)
+        self.assertEqual(code[5]["samples"], 1200)  # a thousands separator
+        self.assertEqual(code[4]["stalls"], {"long_sb": 50, "barrier": 0})  # not-issued left out
+
+    def test_a_launch_listed_twice_is_read_once(self):
+        first = PAGE.split('"Kernel Name","void k2()"')[0]
+        kernels = ns.read_kernels(self.write(first + first + PAGE))
+        self.assertEqual([k[0] for k in kernels], ["void k1(int)", "void k2()"])
+
+    def test_regions_keep_a_branch_body_in_its_straight_line_code(self):
+        code = ns.read_kernels(self.write(PAGE))[0][1]
+        self.assertEqual(ns.regions(code), [(0, 2, False), (3, 5, True), (6, 6, False)])
+
+    def test_report_splits_samples_by_region_reason_and_instruction(self):
+        out = self.run_main("--top", "2")
+        total = 1 + 30 + 2 + 50 + 1200 + 17
+        self.assertIn(f"warp-state samples: {total}", out)
+        self.assertIn(f"{100 * 1252 / total:5.1f}%  loop   3-5 (0x40..0x60), executed up to 64 times",
+                      out)
+        self.assertIn(f"{100 * 31 / total:5.1f}%  linear 0-2", out)
+        self.assertIn(f"long_sb {100 * 83 / total:.1f}%", out)
+        lines = out.splitlines()
+        top = lines[lines.index("top 2 instructions by samples:") + 1:]
+        self.assertEqual(len(top), 2)
+        self.assertIn("[5] FFMA", top[0])
+        self.assertIn("[4] @P1 BRA 0x40", top[1])
+        self.assertIn("mostly long_sb", top[1])
+
+    def test_picks_another_kernel(self):
+        out = self.run_main("--kernel", "2")
+        self.assertIn("kernel: void k2()", out)
+        self.assertIn("warp-state samples: 5", out)
+        self.assertIn("mostly barrier", out)
+
+    def test_errors_name_the_problem(self):
+        with self.assertRaises(SystemExit) as e:
+            ns.main([self.write(PAGE), "--kernel", "3"])
+        self.assertIn("the page has 2", str(e.exception))
+        with self.assertRaises(SystemExit) as e:
+            ns.read_kernels(self.write('"Kernel Name","k"\n"Address","Source"\n'))
+        self.assertIn("lacks the column", str(e.exception))
+        with self.assertRaises(SystemExit) as e:
+            ns.read_kernels(self.write("nothing here\n"))
+        self.assertIn("no kernel", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
