@@ -96,7 +96,8 @@ if has table; then
 fi
 if has profile; then
   # Per-kernel duration, DRAM throughput, occupancy and registers of the replay kernels, one
-  # configuration per window (PROFILE_ARGS: the bench options).
+  # configuration per window (PROFILE_ARGS: the bench options). The first launches listed are the
+  # phase-spreading pre-steps' (decode steps of fewer entries; see PROFILE_SKIP below).
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
@@ -112,20 +113,25 @@ if has stalls; then
   # memory sections of one launch each, W = 8 (PROFILE_ARGS: the bench options). STALLS_KERNELS
   # (an ncu name regex), STALLS_WINDOW and STALLS_COUNT (launches, 4) pick other kernels, e.g. the
   # standard kernel with 4 intermediate states: STALLS_KERNELS=standard_decode_kernel
-  # STALLS_WINDOW=4 STALLS_COUNT=40 (the fp32 kernel's launches come first).
+  # STALLS_WINDOW=4 STALLS_COUNT=40 PROFILE_SKIP=0 (the fp32 kernel's launches come first).
+  # PROFILE_SKIP (40) matching launches are skipped first: the bench's phase-spreading pre-steps
+  # (up to history - 1 decode steps of fewer entries, ring nearly empty) come before the timed
+  # steps.
   step stalls 240 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
-    -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -c "${STALLS_COUNT:-4}" \
+    -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -s "${PROFILE_SKIP:-40}" \
+    -c "${STALLS_COUNT:-4}" \
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${STALLS_WINDOW:-8}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
 fi
 if has source; then
   # Where one kernel's warps wait, by region of its SASS and by instruction (warp-state samples;
   # scripts/ncu_source_summary.py): SOURCE_KERNEL (an ncu name regex, verify_kernel),
-  # SOURCE_WINDOW (1); PROFILE_ARGS the other bench options. The source page is kept in
-  # source.csv.xz.
+  # SOURCE_WINDOW (1); PROFILE_ARGS the other bench options; PROFILE_SKIP as for stalls. The
+  # source page is kept in source.csv.xz.
   step source 240 ncu --clock-control none --section WarpStateStats --section SourceCounters \
-    --import-source no -k regex:"${SOURCE_KERNEL:-verify_kernel}" -c 1 -f -o /tmp/replayssm-source \
+    --import-source no -k regex:"${SOURCE_KERNEL:-verify_kernel}" -s "${PROFILE_SKIP:-40}" -c 1 \
+    -f -o /tmp/replayssm-source \
     $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows "${SOURCE_WINDOW:-1}" \
     ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
   ncu --import /tmp/replayssm-source.ncu-rep --page source --csv --print-source sass \
