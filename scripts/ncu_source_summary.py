@@ -5,15 +5,17 @@ reason, by region of the code (straight-line parts and loops) and by instruction
 A region is a maximal run of instructions executed as often as the kernel's first instruction
 (straight-line code, once per warp) or more often (a loop; an inner loop stays inside its outer
 loop's region). Instructions executed less often (a branch's body taken by some warps) join the
-region before them. So the split says, e.g., how much of a readout kernel's
-time is its prologue and how much its walk. Usage (docs/cuda.md, "Running on the GPU machine"):
+region before them. So the split says, e.g., how much of a readout kernel's time is its prologue
+and how much its walk. Usage (docs/cuda.md, "Running on the GPU machine"):
 
     ncu --clock-control none --section WarpStateStats --section SourceCounters \
-        --import-source no -k regex:verify -c 1 -o /tmp/v \
+        --import-source no -k regex:verify -s 40 -c 1 -o /tmp/v \
         replayssm bench --backend cuda --repeats 1 --flush-cycles 1 --windows 1 \
         --modes separate-fp8 --batches 64
     ncu --import /tmp/v.ncu-rep --page source --csv --print-source sass > source.csv
     scripts/ncu_source_summary.py source.csv
+
+(`-s 40` skips the bench's phase-spreading pre-steps, so that a timed step's launch is sampled.)
 
 `--kernel I` picks the I-th kernel of the page (1-based, default 1), `--top N` the number of
 instructions listed (default 12).

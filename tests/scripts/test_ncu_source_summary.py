@@ -1,18 +1,12 @@
 """scripts/ncu_source_summary.py on a small hand-written source page: regions (straight-line
 code, a loop, a branch body inside straight-line code), the stall reasons' shares, the ranking of
-instructions, the choice of kernel, and the errors for pages without the needed columns."""
-import contextlib
-import importlib.util
-import io
-import os
-import tempfile
+instructions, the choice of kernel, a launch listed twice, and the errors for pages without the
+needed columns."""
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SPEC = importlib.util.spec_from_file_location(
-    "ncu_source_summary", os.path.join(HERE, "..", "..", "scripts", "ncu_source_summary.py"))
-ns = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(ns)
+from script_test_util import ScriptTestCase, load_script
+
+ns = load_script("ncu_source_summary")
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)",'
           '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_long_sb",'
@@ -31,25 +25,14 @@ PAGE = ('"Kernel Name","void k1(int)"\n' + HEADER +
         '"0x10","  EXIT","5","5","1","0","5","0"\n')
 
 
-class NcuSourceSummary(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
+class NcuSourceSummary(ScriptTestCase):
+    script = ns
 
-    def write(self, text):
-        path = os.path.join(self.dir.name, "source.csv")
-        with open(path, "w") as f:
-            f.write(text)
-        return path
-
-    def run_main(self, *args):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            ns.main([self.write(PAGE), *args])
-        return out.getvalue()
+    def page(self, text=PAGE):
+        return self.write("source.csv", text)
 
     def test_reads_both_kernels_and_their_numbers(self):
-        kernels = ns.read_kernels(self.write(PAGE))
+        kernels = ns.read_kernels(self.page())
         self.assertEqual([k[0] for k in kernels], ["void k1(int)", "void k2()"])
         code = kernels[0][1]
         self.assertEqual(len(code), 7)
@@ -58,15 +41,15 @@ class NcuSourceSummary(unittest.TestCase):
 
     def test_a_launch_listed_twice_is_read_once(self):
         first = PAGE.split('"Kernel Name","void k2()"')[0]
-        kernels = ns.read_kernels(self.write(first + first + PAGE))
+        kernels = ns.read_kernels(self.page(first + first + PAGE))
         self.assertEqual([k[0] for k in kernels], ["void k1(int)", "void k2()"])
 
     def test_regions_keep_a_branch_body_in_its_straight_line_code(self):
-        code = ns.read_kernels(self.write(PAGE))[0][1]
+        code = ns.read_kernels(self.page())[0][1]
         self.assertEqual(ns.regions(code), [(0, 2, False), (3, 5, True), (6, 6, False)])
 
     def test_report_splits_samples_by_region_reason_and_instruction(self):
-        out = self.run_main("--top", "2")
+        _, out, _ = self.run_main(self.page(), "--top", "2")
         total = 1 + 30 + 2 + 50 + 1200 + 17
         self.assertIn(f"warp-state samples: {total}", out)
         self.assertIn(f"{100 * 1252 / total:5.1f}%  loop   3-5 (0x40..0x60), executed up to 64 times",
@@ -81,20 +64,20 @@ class NcuSourceSummary(unittest.TestCase):
         self.assertIn("mostly long_sb", top[1])
 
     def test_picks_another_kernel(self):
-        out = self.run_main("--kernel", "2")
+        _, out, _ = self.run_main(self.page(), "--kernel", "2")
         self.assertIn("kernel: void k2()", out)
         self.assertIn("warp-state samples: 5", out)
         self.assertIn("mostly barrier", out)
 
     def test_errors_name_the_problem(self):
         with self.assertRaises(SystemExit) as e:
-            ns.main([self.write(PAGE), "--kernel", "3"])
+            ns.main([self.page(), "--kernel", "3"])
         self.assertIn("the page has 2", str(e.exception))
         with self.assertRaises(SystemExit) as e:
-            ns.read_kernels(self.write('"Kernel Name","k"\n"Address","Source"\n'))
+            ns.read_kernels(self.page('"Kernel Name","k"\n"Address","Source"\n'))
         self.assertIn("lacks the column", str(e.exception))
         with self.assertRaises(SystemExit) as e:
-            ns.read_kernels(self.write("nothing here\n"))
+            ns.read_kernels(self.page("nothing here\n"))
         self.assertIn("no kernel", str(e.exception))
 
 
