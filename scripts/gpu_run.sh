@@ -97,7 +97,8 @@ fi
 if has profile; then
   # Per-kernel duration, DRAM throughput, occupancy and registers of the replay kernels, one
   # configuration per window (PROFILE_ARGS: the bench options). The first launches listed are the
-  # phase-spreading pre-steps' (decode steps of fewer entries; see PROFILE_SKIP below).
+  # phase-spreading pre-steps' (up to history - 1 decode steps of fewer entries); ncu's `-s 60`
+  # would skip them (bench/results/2026-12-06-h200-session53.md).
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
