@@ -16,7 +16,10 @@
 #                  and then runs `ctest -L gpu` instead of test_cuda_backend)
 #   LIMIT_S        overall seconds (default 540): later steps are skipped, the results packed
 #   TEST_LIMIT_S   seconds for the tests (default 110 per tree: they run side by side on one GPU;
-#                  test_cuda_backend took about 100 s with two trees at once, over 150 s with three)
+#                  test_cuda_backend took about 100 s with two trees at once, over 150 s with three,
+#                  in session 36; in session 53 two trees ran 17 of its tests each in 220 s)
+#   TEST_FILTER    a gtest filter for test_cuda_backend (default: every test), e.g.
+#                  'CudaBackend.DirectReadout*' for a change to the direct readout
 # Each run writes bench-<configuration>-<round>-<tree>.json (and .err, whose `[bench]` lines are
 # the rows measured so far, kept even when the run's limit cuts it short).
 # Make a tree: `git worktree add .cuda-wt/NAME BRANCH` (.cuda-wt/ is excluded from git), and name
@@ -63,7 +66,8 @@ for t in "$@"; do
    if [[ $targets == all ]]; then
      timeout "$test_limit" ctest --test-dir build -L gpu --output-on-failure -j4 > "$r/test.txt" 2>&1
    else
-     timeout "$test_limit" ./build/tests/test_cuda_backend > "$r/test.txt" 2>&1
+     timeout "$test_limit" ./build/tests/test_cuda_backend --gtest_filter="${TEST_FILTER:-*}" \
+       > "$r/test.txt" 2>&1
    fi
    rc=$?  # 124: cut short by TEST_LIMIT_S
    echo "[$(name "$t")] tests exit $rc: $(grep -hE 'tests passed|^\[  (PASSED|FAILED)' "$r/test.txt" | tr '\n' ' ')") &
