@@ -17,7 +17,7 @@
 #   LIMIT_S        overall seconds (default 540): later steps are skipped, the results packed
 #   TEST_LIMIT_S   seconds for the tests (default 110 per tree: they run side by side on one GPU;
 #                  test_cuda_backend took about 100 s with two trees at once, over 150 s with three,
-#                  in session 36; in session 53 two trees ran 17 of its tests each in 220 s)
+#                  in session 20; in session 53 two trees ran 17 of its tests each in 220 s)
 #   TEST_FILTER    a gtest filter for test_cuda_backend (default: every test), e.g.
 #                  'CudaBackend.DirectReadout*' for a change to the direct readout
 # Each run writes bench-<configuration>-<round>-<tree>.json (and .err, whose `[bench]` lines are
