@@ -7,6 +7,7 @@
 #                                    (default: build test racecheck bench profile)
 # Environment: RACE_FILTER (the gtest filter run under the sanitizers), BENCH_ARGS (the `replayssm
 # bench` configurations), TABLE_ARGS (the headline table's), PROFILE_ARGS (the profiled bench's),
+# PROFILE_SKIP (the launches the profile, stalls and source steps skip: 60, 40 and 40),
 # STALLS_KERNELS / STALLS_WINDOW / STALLS_COUNT (the kernels, window and number of launches of the
 # stalls step), SOURCE_KERNEL / SOURCE_WINDOW (the kernel and window of the source step),
 # KERNELS_WINDOW / KERNELS_COUNT (the window and number of launches of the kernels step),
@@ -96,15 +97,15 @@ if has table; then
 fi
 if has profile; then
   # Per-kernel duration, DRAM throughput, occupancy and registers of the replay kernels, one
-  # configuration per window (PROFILE_ARGS: the bench options). The first launches listed are the
-  # phase-spreading pre-steps' (up to history - 1 decode steps of fewer entries); ncu's `-s 60`
-  # would skip them (bench/results/2026-12-06-h200-session53.md).
+  # configuration per window (PROFILE_ARGS: the bench options), of timed steps: PROFILE_SKIP
+  # matching launches are skipped first (60 here, where validate, verify and commit of each of
+  # the bench's phase-spreading pre-steps match; as in bench/results/2026-12-06-h200-session53.md).
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
   for w in 1 8; do
     step profile-w$w 200 ncu --clock-control none --metrics "$metrics" --csv \
-      -k regex:'verify|flush|validate|finalize|commit' -c 60 \
+      -k regex:'verify|flush|validate|finalize|commit' -s "${PROFILE_SKIP:-60}" -c 60 \
       $bin bench --backend cuda --repeats 1 --flush-cycles 1 --windows $w \
       ${PROFILE_ARGS:---modes separate-fp8 --batches 64}
   done
@@ -115,9 +116,9 @@ if has stalls; then
   # (an ncu name regex), STALLS_WINDOW and STALLS_COUNT (launches, 4) pick other kernels, e.g. the
   # standard kernel with 4 intermediate states: STALLS_KERNELS=standard_decode_kernel
   # STALLS_WINDOW=4 STALLS_COUNT=40 PROFILE_SKIP=0 (the fp32 kernel's launches come first).
-  # PROFILE_SKIP (40) matching launches are skipped first: the bench's phase-spreading pre-steps
-  # (up to history - 1 decode steps of fewer entries, ring nearly empty) come before the timed
-  # steps.
+  # PROFILE_SKIP (40 here) matching launches are skipped first: the bench's phase-spreading
+  # pre-steps (up to history - 1 decode steps of fewer entries, ring nearly empty) come before the
+  # timed steps.
   step stalls 240 ncu --clock-control none --section WarpStateStats --section SchedulerStats \
     --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
     -k regex:"${STALLS_KERNELS:-flush_kernel|verify_kernel}" -s "${PROFILE_SKIP:-40}" \
