@@ -100,9 +100,13 @@ if has profile; then
   # configuration per window (PROFILE_ARGS: the bench options), of timed steps: PROFILE_SKIP
   # matching launches are skipped first (60 here, where validate, verify and commit of each of
   # the bench's phase-spreading pre-steps match; as in bench/results/2026-12-06-h200-session53.md).
+  # Also each launch's shared memory and the SM configuration it ran in: a flush and a verify in
+  # different configurations do not overlap (bench/results/2026-12-06-h100-session54.md).
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
+  metrics+=,launch__occupancy_limit_shared_mem,launch__shared_mem_per_block_dynamic
+  metrics+=,launch__shared_mem_config_size
   for w in 1 8; do
     step profile-w$w 200 ncu --clock-control none --metrics "$metrics" --csv \
       -k regex:'verify|flush|validate|finalize|commit' -s "${PROFILE_SKIP:-60}" -c 60 \
