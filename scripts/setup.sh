@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The Python module (pybind11, python3-dev) and its tests (python3-numpy) are part of the build.
+# The Python module (pybind11, python3-dev) and its tests (python3-numpy) are part of the build;
+# xz-utils for the test of scripts/gpu_ab_programs.sh.
 packages=(g++ cmake ninja-build libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev
-          libfmt-dev pybind11-dev python3-dev python3-numpy)
+          libfmt-dev pybind11-dev python3-dev python3-numpy xz-utils)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
