@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B on the GPU machine in one device call: several source trees (this one and worktrees of
 # branches carried with the call) are built in parallel, each runs the CUDA backend's tests, then
-# the same benchmark runs in every tree in turn, ROUNDS times with the order reversed each round
-# (same card state, same copy-bandwidth ceiling; a drift over the call shows as a difference
-# between rounds). Results go to $OUT/results.tgz, packed again after every step, since the
-# device tool returns at most 8 files and a call cut short keeps what it had packed.
+# the same benchmark runs with every tree's program in turn (scripts/gpu_ab_programs.sh), ROUNDS
+# times with the order rotated each round (same card state, same copy-bandwidth ceiling; a drift
+# over the call shows as a difference between rounds). Results go to $OUT/results.tgz, packed
+# again after every step, since the device tool returns at most 8 files and a call cut short keeps
+# what it had packed; with one scripts/bench_compare.py table per configuration at the end.
 #   scripts/gpu_ab.sh TREE...        e.g. scripts/gpu_ab.sh . .cuda-wt/nvfp4 .cuda-wt/prepare
 # Environment:
 #   BENCH_ARGS     the `replayssm bench --backend cuda` options (default below); several
@@ -74,30 +75,18 @@ for t in "$@"; do
 done
 wait
 pack
-IFS=';' read -r -a configs <<< "$bench_args"
-trees=("$@")
-for ((round = 1; round <= rounds; ++round)); do
-  order=("${trees[@]}")
-  if ((round % 2 == 0)); then  # reversed, so no tree always runs first
-    order=()
-    for ((i = ${#trees[@]} - 1; i >= 0; --i)); do order+=("${trees[i]}"); done
+# The benchmark rounds: each tree's program, as scripts/gpu_ab_programs.sh runs carried ones
+# (the order rotated each round, for two trees reversed), into the same folder and archive.
+programs=()
+for t in "$@"; do
+  program=$(cd "$t" && pwd)/build/bin/replayssm
+  if [[ -x $program ]]; then
+    programs+=("$(name "$t")=$program")
+  else
+    echo "[$(name "$t")] no program: not benchmarked"
   fi
-  for ((c = 0; c < ${#configs[@]}; ++c)); do
-    for t in "${order[@]}"; do
-      tag="bench-c$c-r$round-$(name "$t")"
-      if (($(left) < bench_limit)); then
-        echo "[$(name "$t")] skipped $tag: LIMIT_S"
-        continue
-      fi
-      # shellcheck disable=SC2086
-      (cd "$t" && timeout "$bench_limit" ./build/bin/replayssm bench --backend cuda ${configs[c]} \
-         -o json > "$work/$tag.json" 2> "$work/$tag.err")
-      echo "[$(name "$t")] $tag exit $? at ${SECONDS}s"
-      grep -h '^\[bench\] replay' "$work/$tag.err"
-      pack
-    done
-  done
 done
-printf '%s\n' "${configs[@]}" > "$work/configurations.txt"
-pack
+((${#programs[@]})) &&
+  RESULTS_DIR=$work OUT=$out BENCH_ARGS=$bench_args ROUNDS=$rounds BENCH_LIMIT_S=$bench_limit \
+    LIMIT_S=$(left) UNPACK= bash "$(dirname "$0")/gpu_ab_programs.sh" "${programs[@]}"
 rm -rf "$work"

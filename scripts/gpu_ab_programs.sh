@@ -12,7 +12,8 @@
 # decompressed. Each is made executable (a file packed without its execute bit is still run).
 # Environment: BENCH_ARGS (the `replayssm bench --backend cuda` options; several configurations
 # separated by ';'), ROUNDS (default 2), BENCH_LIMIT_S (seconds per run, default 60), LIMIT_S
-# (overall, default 540: later runs are skipped), UNPACK, OUT (default gpu-out).
+# (overall, default 540: later runs are skipped), UNPACK, OUT (default gpu-out), RESULTS_DIR (the
+# folder the runs are written to and $OUT/results.tgz is packed from; default a temporary one).
 # Each run writes bench-c<configuration>-r<round>-<name>.json and .err (whose `[bench]` lines are
 # the rows measured so far, kept when the run's limit cuts it short).
 # Make the programs: build here (`cmake --build build --target replayssm-cli`), then
@@ -23,9 +24,15 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-work=$(mktemp -d)
 bins=$(mktemp -d)
-trap 'rm -rf "$work" "$bins"' EXIT
+if [[ -n ${RESULTS_DIR:-} ]]; then  # a caller's folder (scripts/gpu_ab.sh): packed, kept
+  work=$RESULTS_DIR
+  mkdir -p "$work"
+  trap 'rm -rf "$bins"' EXIT
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work" "$bins"' EXIT
+fi
 bench_args=${BENCH_ARGS:---batches 64,256 --modes shared-fp8,separate-fp8,separate-nvfp4 --windows 1}
 rounds=${ROUNDS:-2}
 bench_limit=${BENCH_LIMIT_S:-60}

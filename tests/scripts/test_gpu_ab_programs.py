@@ -1,7 +1,8 @@
 """scripts/gpu_ab_programs.sh with stand-in programs (a shell script that answers `--version` and
 `bench ... -o json` like replayssm): every run of every round is kept, the order rotates, a
 program's own environment reaches it, .xz programs, programs of the UNPACK archive and files
-without their execute bit run, the comparison tables are made, and a bad argument is refused."""
+without their execute bit run, the comparison tables are made, a caller's RESULTS_DIR is packed
+and kept, and a bad argument is refused."""
 import json
 import os
 import stat
@@ -72,6 +73,18 @@ class GpuAbPrograms(ScriptTestCase):
         self.assertIn("| replay separate-fp8 | 256 | 1 | 10.0 (2 runs, 0.0%) | 20.0 (2 runs, 0.0%) "
                       "| 10.0 (2 runs, 0.0%) | +100.0% | +0.0% |", compare)
         self.assertIn("with FACTOR=2", p.stdout)
+
+    def test_a_callers_results_folder_is_packed_and_kept(self):
+        fake, _ = self.make_programs()
+        results = os.path.join(self.dir.name, "results")
+        os.makedirs(results)
+        self.write("results/build.txt", "a caller's log")  # scripts/gpu_ab.sh's build and tests
+        p, out = self.run_script(f"only={fake}", RESULTS_DIR=results, ROUNDS="1", LIMIT_S="60")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(results, "bench-c0-r1-only.json")))
+        with tarfile.open(os.path.join(out, "results.tgz")) as t:
+            names = set(os.path.normpath(n) for n in t.getnames())
+        self.assertLessEqual({"build.txt", "bench-c0-r1-only.json", "compare-c0.md"}, names)
 
     def test_bad_arguments_are_refused(self):
         fake, _ = self.make_programs()
