@@ -20,7 +20,10 @@
 # `strip -o DIR/NAME build/bin/replayssm`; `tar -cf - -C DIR . | xz -T1 -9e` packs several
 # programs of one source tree in little more than one's size (docs/cuda.md).
 set -uo pipefail
-[[ $# -ge 1 ]] || { echo "usage: scripts/gpu_ab_programs.sh NAME=PROGRAM[+VAR=VALUE...]..." >&2; exit 2; }
+if [[ $# -lt 1 ]]; then
+  echo "usage: scripts/gpu_ab_programs.sh NAME=PROGRAM[+VAR=VALUE...]..." >&2
+  exit 2
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -33,7 +36,7 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work" "$bins"' EXIT
 fi
-bench_args=${BENCH_ARGS:---batches 64,256 --modes shared-fp8,separate-fp8,separate-nvfp4 --windows 1}
+bench_args=${BENCH_ARGS:---batches 64,256 --windows 1 --modes shared-fp8,separate-fp8,separate-nvfp4}
 rounds=${ROUNDS:-2}
 bench_limit=${BENCH_LIMIT_S:-60}
 limit=${LIMIT_S:-540}
