@@ -36,7 +36,8 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work" "$bins"' EXIT
 fi
-bench_args=${BENCH_ARGS:---batches 64,256 --windows 1 --modes shared-fp8,separate-fp8,separate-nvfp4}
+default_args="--batches 64,256 --windows 1 --modes shared-fp8,separate-fp8,separate-nvfp4"
+bench_args=${BENCH_ARGS:-$default_args}
 rounds=${ROUNDS:-2}
 bench_limit=${BENCH_LIMIT_S:-60}
 limit=${LIMIT_S:-540}
