@@ -110,6 +110,25 @@ TEST(LaunchRules, NemotronH8bVerifyHeadsPerBlock) {
         << "batch " << c.batch << " W " << c.window << " " << mode_name(c.mode);
 }
 
+// A step's carveout (step_carveout) is the least percent of the SM's shared memory that holds
+// its need, since the driver rounds a preference up to its next configuration; none without a
+// need. H100 / H200: 228 KB per SM; nemotron-h-8b's W = 8 verify needs 4 x (42,080 + 1,024) B.
+TEST(LaunchRules, StepCarveoutIsTheLeastPercentThatHoldsTheNeed) {
+  constexpr size_t kSmShared = 233472;
+  EXPECT_EQ(step_carveout(SmemNeed{0}, kSmShared), -1);
+  EXPECT_EQ(step_carveout(SmemNeed{1000}, 0), -1);
+  EXPECT_EQ(step_carveout(SmemNeed{4 * (42080 + 1024)}, kSmShared), 74);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared}, kSmShared), 100);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared + 1}, kSmShared), 100);
+  for (size_t need = 1; need <= kSmShared; need += 997) {
+    const int percent = step_carveout(SmemNeed{need}, kSmShared);
+    ASSERT_GE(percent, 1);
+    ASSERT_LE(percent, 100);
+    EXPECT_GE(size_t(percent) * kSmShared, 100 * need) << need;
+    EXPECT_LT(size_t(percent - 1) * kSmShared, 100 * need) << need;
+  }
+}
+
 // Which one-launch kernel a small batch's step takes, and how its heads split.
 TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
   const SsmShape h8b = find_preset("nemotron-h-8b").shape;

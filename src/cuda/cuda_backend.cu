@@ -2,6 +2,8 @@
 // fixed sequence of launches on the backend's stream (src/cuda/replay_kernels.cuh).
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/replay_launch.h"
@@ -147,6 +149,10 @@ class CudaBackend final : public CacheBackend {
     int device = 0, smem_limit = 0;
     RSSM_CUDA_CHECK(cudaGetDevice(&device));
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    int sm_shared = 0;
+    RSSM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&sm_shared, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    sm_shared_bytes_ = size_t(sm_shared);
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     // small_step_kernel copies its head's ring x.
@@ -284,7 +290,21 @@ class CudaBackend final : public CacheBackend {
       // 256 W = 1 203.4 -> 197.5; separate-fp8 W = 1 batch 64 60.5 -> 61.5).
       cuda::LaunchConfig chained = lc;
       chained.dependent = true;
-      if (!one_launch && !small_window) cuda::ModeLaunchers<kMode>::flush(p, chained);
+      if (!one_launch && !small_window) {
+        // Both in one shared-memory configuration (cuda::step_carveout), planned once per
+        // (batch, window): the kernels chosen depend on nothing else of a step.
+        auto [known, fresh] = step_carveouts_.try_emplace({p.batch, p.tokens}, -1);
+        if (fresh) {
+          cuda::SmemNeed need;
+          cuda::LaunchConfig plan = chained;
+          plan.plan = &need;
+          cuda::ModeLaunchers<kMode>::flush(p, plan);
+          cuda::ModeLaunchers<kMode>::verify(p, plan);
+          known->second = cuda::step_carveout(need, sm_shared_bytes_);
+        }
+        chained.smem_carveout = known->second;
+        cuda::ModeLaunchers<kMode>::flush(p, chained);
+      }
       cuda::ModeLaunchers<kMode>::verify(p, chained);  // ends with the ring B append, cursors
     });
     RSSM_CUDA_CHECK(cudaGetLastError());
@@ -490,6 +510,8 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
+  size_t sm_shared_bytes_ = 0;  // an SM's shared memory at the largest carveout
+  std::map<std::pair<int, int>, int> step_carveouts_;  // (batch, window) -> step_carveout
   // Blocks of flush_kernel resident on the device at once, per shape (replay_launch.cuh).
   mutable int flush_grid_[2] = {0, 0};
   int entries_per_lane_ = 1;  // ring entries per lane of a row in verify_kernel

@@ -15,10 +15,31 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// A plain or (lc.dependent) a programmatic dependent launch.
+// What a launch of `kernel` needs of an SM's shared memory (SmemNeed): its blocks per SM as its
+// registers and threads allow (asked with no dynamic shared memory, so that a carveout preferred
+// earlier does not limit the answer).
+template <typename Kernel>
+size_t smem_need_per_sm(Kernel kernel, int block, size_t smem) {
+  int per_sm = 0, device = 0, reserved = 0;
+  RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, 0));
+  RSSM_CUDA_CHECK(cudaGetDevice(&device));
+  RSSM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  return size_t(per_sm) * (smem + size_t(reserved));
+}
+
+// A plain or (lc.dependent) a programmatic dependent launch, in lc.smem_carveout; with lc.plan,
+// only its shared-memory need.
 template <typename Kernel>
 void launch(const LaunchConfig& lc, Kernel kernel, dim3 grid, int block, size_t smem,
             const ReplayParams& p) {
+  if (lc.plan) {
+    lc.plan->bytes = std::max(lc.plan->bytes, smem_need_per_sm(kernel, block, smem));
+    return;
+  }
+  if (lc.smem_carveout >= 0)
+    RSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         lc.smem_carveout));
   if (lc.dependent)
     launch_dependent(kernel, grid, dim3(block), smem, lc.stream, p);
   else

@@ -12,6 +12,12 @@
 
 namespace replayssm::cuda {
 
+// The shared memory a launch needs per SM to hold as many of its blocks as the SM's other limits
+// (registers, threads) allow: blocks_per_sm x (dynamic bytes + the per-block reservation).
+struct SmemNeed {
+  size_t bytes = 0;  // the most over the planned launches
+};
+
 // What the launchers need to know about the backend beyond ReplayParams.
 struct LaunchConfig {
   cudaStream_t stream;
@@ -23,7 +29,28 @@ struct LaunchConfig {
   int* flush_grid;            // [2] cached grids of flush_kernel's shapes, 0 until first sized
   bool dependent = false;     // flush / verify: programmatic dependent launch on the kernel
                               // before them in the stream (cuda_common.cuh)
+  // The preferred shared-memory carveout of the launches (percent of the SM's largest, as
+  // cudaFuncAttributePreferredSharedMemoryCarveout takes it), or -1: the driver's choice. A
+  // step's flush and verify share one (step_carveout).
+  int smem_carveout = -1;
+  // Non-null: the launchers launch nothing and keep here the most their kernels would need of an
+  // SM's shared memory (SmemNeed), so that a step's carveout is known before its first launch.
+  SmemNeed* plan = nullptr;
 };
+
+// A step's flush and verify overlap (programmatic dependent launch): an SM holds blocks of both
+// only while they run in one shared-memory configuration. Left to the driver, the flush ran in
+// the 132 KB configuration and nemotron-h-8b's W = 8 verify (42 KB x 4 blocks) in the 196 KB
+// one, so each SM drained its flush blocks before taking verify blocks (H100, session 54, flush
+// and verify both at 196 KB: separate-fp8 W = 8 batch 64 -4.2%, W = 4 -4.5%, batch 256 W = 4
+// -2.4%; bench/results/2026-12-06-h100-session54.md). The step's carveout: the larger need of
+// the two, in percent of the SM's shared memory, rounded up (the driver rounds a preference up
+// to the next configuration it has).
+inline int step_carveout(const SmemNeed& need, size_t sm_shared_bytes) {
+  if (need.bytes == 0 || sm_shared_bytes == 0) return -1;
+  const size_t percent = (100 * need.bytes + sm_shared_bytes - 1) / sm_shared_bytes;
+  return int(std::min<size_t>(percent, 100));
+}
 
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
 // the per-block work (staging, B_k . C_j, the weights) is a large part of the time: a group's 16
