@@ -323,20 +323,37 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// A launch by cudaLaunchKernelEx: `dependent`, a programmatic dependent launch (above); a
+// `carveout` of 0..100, this launch's preferred shared-memory carveout in percent of the largest
+// (cudaLaunchAttributePreferredSharedMemoryCarveout: for this launch only, where the function
+// attribute would stay with the kernel), -1 the driver's choice.
 template <typename... KernelArgs, typename... Args>
-void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+void launch_ex(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t stream, bool dependent, int carveout, Args... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned count = 0;
+  if (dependent) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (carveout >= 0) {
+    attrs[count].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attrs[count++].val.sharedMemCarveout = unsigned(carveout);
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = count;
   RSSM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, KernelArgs(args)...));
+}
+
+template <typename... KernelArgs, typename... Args>
+void launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args... args) {
+  launch_ex(kernel, grid, block, smem, stream, true, -1, args...);
 }
 
 }  // namespace replayssm::cuda

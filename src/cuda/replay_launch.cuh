@@ -16,8 +16,8 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
 }
 
 // What a launch of `kernel` needs of an SM's shared memory (SmemNeed): its blocks per SM as its
-// registers and threads allow (asked with no dynamic shared memory, so that a carveout preferred
-// earlier does not limit the answer).
+// registers and threads allow (the occupancy asked without dynamic shared memory), each with its
+// dynamic bytes and the per-block reservation.
 template <typename Kernel>
 size_t smem_need_per_sm(Kernel kernel, int block, size_t smem) {
   int per_sm = 0, device = 0, reserved = 0;
@@ -37,11 +37,8 @@ void launch(const LaunchConfig& lc, Kernel kernel, dim3 grid, int block, size_t 
     lc.plan->bytes = std::max(lc.plan->bytes, smem_need_per_sm(kernel, block, smem));
     return;
   }
-  if (lc.smem_carveout >= 0)
-    RSSM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                         lc.smem_carveout));
-  if (lc.dependent)
-    launch_dependent(kernel, grid, dim3(block), smem, lc.stream, p);
+  if (lc.dependent || lc.smem_carveout >= 0)
+    launch_ex(kernel, grid, dim3(block), smem, lc.stream, lc.dependent, lc.smem_carveout, p);
   else
     kernel<<<grid, block, smem, lc.stream>>>(p);
 }
