@@ -294,7 +294,7 @@ class CudaBackend final : public CacheBackend {
         // Both in one shared-memory configuration (cuda::step_carveout), planned once per
         // (batch, window): the kernels chosen depend on nothing else of a step.
         auto [known, fresh] = step_carveouts_.try_emplace({p.batch, p.tokens}, -1);
-        if (fresh) {
+        if (fresh && cuda::step_carveout_pays(kMode, p.tokens)) {
           cuda::SmemNeed need;
           cuda::LaunchConfig plan = chained;
           plan.plan = &need;

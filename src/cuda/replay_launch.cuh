@@ -15,17 +15,22 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// What a launch of `kernel` needs of an SM's shared memory (SmemNeed): its blocks per SM as its
-// registers and threads allow (the occupancy asked without dynamic shared memory), each with its
-// dynamic bytes and the per-block reservation.
+// What a launch of `kernel` needs of an SM's shared memory (SmemNeed, smem_need): the blocks per
+// SM its registers and threads allow (the occupancy asked without dynamic shared memory) that fit
+// the SM's shared memory, each with its static and dynamic bytes and the per-block reservation.
 template <typename Kernel>
 size_t smem_need_per_sm(Kernel kernel, int block, size_t smem) {
-  int per_sm = 0, device = 0, reserved = 0;
-  RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block, 0));
+  int by_registers = 0, device = 0, reserved = 0, sm_shared = 0;
+  RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_registers, kernel, block, 0));
   RSSM_CUDA_CHECK(cudaGetDevice(&device));
   RSSM_CUDA_CHECK(
       cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  return size_t(per_sm) * (smem + size_t(reserved));
+  RSSM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sm_shared, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  cudaFuncAttributes attributes{};
+  RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return smem_need(by_registers, attributes.sharedSizeBytes + smem + size_t(reserved),
+                   size_t(sm_shared));
 }
 
 // A plain or (lc.dependent) a programmatic dependent launch, in lc.smem_carveout; with lc.plan,

@@ -12,8 +12,8 @@
 
 namespace replayssm::cuda {
 
-// The shared memory a launch needs per SM to hold as many of its blocks as the SM's other limits
-// (registers, threads) allow: blocks_per_sm x (dynamic bytes + the per-block reservation).
+// The shared memory a launch needs per SM to hold as many of its blocks as its registers and
+// threads allow and the SM's shared memory holds (smem_need, below).
 struct SmemNeed {
   size_t bytes = 0;  // the most over the planned launches
 };
@@ -38,18 +38,42 @@ struct LaunchConfig {
   SmemNeed* plan = nullptr;
 };
 
+// The shared memory of a kernel's resident blocks: as many as its registers and threads allow
+// (`blocks_by_registers`) and the SM's shared memory at its largest carveout holds, of
+// `block_bytes` each (static, dynamic and the per-block reservation). The driver, left to itself,
+// picks the least configuration that holds them; a count by registers alone that does not fit
+// asked for the whole 228 KB and took L1 away for nothing (nemotron-h-56b W = 8 batch 64, H100,
+// session 55: separate-fp8 +4.5% against the driver's choice, -1.7% with the cap;
+// bench/results/2026-12-06-h100-session55.md).
+inline size_t smem_need(int blocks_by_registers, size_t block_bytes, size_t sm_shared_bytes) {
+  if (blocks_by_registers <= 0 || block_bytes == 0) return 0;
+  const size_t fit = std::min(size_t(blocks_by_registers), sm_shared_bytes / block_bytes);
+  return fit * block_bytes;
+}
+
 // A step's flush and verify overlap (programmatic dependent launch): an SM holds blocks of both
 // only while they run in one shared-memory configuration. Left to the driver, the flush ran in
 // the 132 KB configuration and nemotron-h-8b's W = 8 verify (42 KB x 4 blocks) in the 196 KB
-// one, so each SM drained its flush blocks before taking verify blocks (H100, session 54, flush
-// and verify both at 196 KB: separate-fp8 W = 8 batch 64 -4.2%, W = 4 -4.5%, batch 256 W = 4
-// -2.4%; bench/results/2026-12-06-h100-session54.md). The step's carveout: the larger need of
-// the two, in percent of the SM's shared memory, rounded up (the driver rounds a preference up
-// to the next configuration it has).
+// one, so each SM drained its flush blocks before taking verify blocks. The step's carveout: the
+// larger need of the two, in percent of the SM's shared memory, rounded up (the driver rounds a
+// preference up to the next configuration it has). H100, against the driver's choice in the same
+// call (sessions 54-55, bench/results/2026-12-06-h100-session55.md), batch 64: nemotron-h-8b
+// separate-fp8 / shared-fp8 W = 4 -5.0 / -5.6%, W = 8 -3.8 to -4.1 / -2.7%, batch 256 W = 4 -3.0 /
+// -3.4%; W = 8 nemotron3-nano-4b -2.8%, mamba2-2.7b -3.8%, nemotron-h-56b -1.7%; W = 1 level
+// except nemotron-h-56b (separate-fp8 -2.1%, separate-nvfp4 -7.1%).
 inline int step_carveout(const SmemNeed& need, size_t sm_shared_bytes) {
   if (need.bytes == 0 || sm_shared_bytes == 0) return -1;
   const size_t percent = (100 * need.bytes + sm_shared_bytes - 1) / sm_shared_bytes;
   return int(std::min<size_t>(percent, 100));
+}
+
+// Where the step's carveout is used: not for separate-nvfp4 above W = 4, which keeps the
+// driver's choice. Its W = 8 steps never gained and lost up to 4.2% (H100, session 55, batch 64:
+// nemotron3-nano-4b +3.6 to +4.2% in two calls, nemotron-h-56b +1.1%, nemotron-h-8b -0.1 to
+// +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%; W = 5-7 not measured); its W = 4 gained
+// (nemotron-h-8b batch 64 / 256 -2.7 / -2.1%). Why has not been profiled yet.
+constexpr bool step_carveout_pays(Mode mode, int window) {
+  return !(mode == Mode::separate_nvfp4 && window > 4);
 }
 
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
