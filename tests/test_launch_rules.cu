@@ -151,13 +151,15 @@ TEST(LaunchRules, SmemNeedHoldsTheBlocksThatFit) {
     }
 }
 
-// The step's carveout is left to the driver only for separate-nvfp4 above W = 4, where it was
-// measured to lose (step_carveout_pays).
-TEST(LaunchRules, StepCarveoutPaysExceptSeparateNvfp4AboveW4) {
+// The step's carveout is used where it was measured to gain (step_carveout_pays): separate-fp8
+// and shared-fp8 at every window, separate-nvfp4 up to W = 4; nowhere else.
+TEST(LaunchRules, StepCarveoutPaysWhereMeasured) {
   for (const Mode mode : kAllModes)
-    for (int window = 1; window <= 8; ++window)
-      EXPECT_EQ(step_carveout_pays(mode, window), mode != Mode::separate_nvfp4 || window <= 4)
-          << mode_name(mode) << " W " << window;
+    for (int window = 1; window <= 8; ++window) {
+      const bool measured = mode == Mode::separate_fp8 || mode == Mode::shared_fp8 ||
+                            (mode == Mode::separate_nvfp4 && window <= 4);
+      EXPECT_EQ(step_carveout_pays(mode, window), measured) << mode_name(mode) << " W " << window;
+    }
 }
 
 // Which one-launch kernel a small batch's step takes, and how its heads split.

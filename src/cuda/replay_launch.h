@@ -67,13 +67,22 @@ inline int step_carveout(const SmemNeed& need, size_t sm_shared_bytes) {
   return int(std::min<size_t>(percent, 100));
 }
 
-// Where the step's carveout is used: not for separate-nvfp4 above W = 4, which keeps the
-// driver's choice. Its W = 8 steps never gained and lost up to 4.2% (H100, session 55, batch 64:
-// nemotron3-nano-4b +3.6 to +4.2% in two calls, nemotron-h-56b +1.1%, nemotron-h-8b -0.1 to
-// +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%; W = 5-7 not measured); its W = 4 gained
-// (nemotron-h-8b batch 64 / 256 -2.7 / -2.1%). Why has not been profiled yet.
+// Where the step's carveout is used: in the modes and windows measured to gain by it. Not for
+// separate-nvfp4 above W = 4: its W = 8 steps never gained and lost up to 4.2% (H100, session 55,
+// batch 64: nemotron3-nano-4b +3.6 to +4.2% in two calls, nemotron-h-56b +1.1%, nemotron-h-8b
+// -0.1 to +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%; W = 5-7 not measured), where its W = 4
+// gained (nemotron-h-8b batch 64 / 256 -2.7 / -2.1%); why has not been profiled yet. The modes
+// not yet timed with it (fp32, bf16, fp16, fp16-sr, shared-int8) keep the driver's choice.
 constexpr bool step_carveout_pays(Mode mode, int window) {
-  return !(mode == Mode::separate_nvfp4 && window > 4);
+  switch (mode) {
+    case Mode::separate_fp8:
+    case Mode::shared_fp8:
+      return true;
+    case Mode::separate_nvfp4:
+      return window <= 4;
+    default:
+      return false;
+  }
 }
 
 // Heads of a group per verify block: as many as keep >= 4 blocks per SM, >= 2 at W = 1, where
