@@ -58,9 +58,10 @@ inline size_t smem_need(int blocks_by_registers, size_t block_bytes, size_t sm_s
 // larger need of the two, in percent of the SM's shared memory, rounded up (the driver rounds a
 // preference up to the next configuration it has). H100, against the driver's choice in the same
 // call (sessions 54-55, bench/results/2026-12-06-h100-session55.md), batch 64: nemotron-h-8b
-// separate-fp8 / shared-fp8 W = 4 -5.0 / -5.6%, W = 8 -3.8 to -4.1 / -2.7%, batch 256 W = 4 -3.0 /
-// -3.4%; W = 8 nemotron3-nano-4b -2.8%, mamba2-2.7b -3.8%, nemotron-h-56b -1.7%; W = 1 level
-// except nemotron-h-56b (separate-fp8 -2.1%, separate-nvfp4 -7.1%).
+// separate-fp8 / shared-fp8 W = 4 -5.0 / -5.6%, W = 8 -3.0 to -4.2 / -2.7 to -3.2%, batch 256 W = 4
+// -3.0 / -3.4%; W = 8 separate-fp8 nemotron3-nano-4b -2.8%, mamba2-2.7b -3.8%, falcon-h1-7b -1.2%,
+// nemotron-h-56b -1.7%; W = 1 level except nemotron-h-56b (separate-fp8 -2.1%, separate-nvfp4
+// -7.0%).
 inline int step_carveout(const SmemNeed& need, size_t sm_shared_bytes) {
   if (need.bytes == 0 || sm_shared_bytes == 0) return -1;
   const size_t percent = (100 * need.bytes + sm_shared_bytes - 1) / sm_shared_bytes;
