@@ -115,13 +115,13 @@ TEST(LaunchRules, NemotronH8bVerifyHeadsPerBlock) {
 // need. H100 / H200: 228 KB per SM; nemotron-h-8b's W = 8 verify needs 4 x (42,080 + 1,024) B.
 TEST(LaunchRules, StepCarveoutIsTheLeastPercentThatHoldsTheNeed) {
   constexpr size_t kSmShared = 233472;
-  EXPECT_EQ(step_carveout(SmemNeed{0}, kSmShared), -1);
-  EXPECT_EQ(step_carveout(SmemNeed{1000}, 0), -1);
-  EXPECT_EQ(step_carveout(SmemNeed{4 * (42080 + 1024)}, kSmShared), 74);
-  EXPECT_EQ(step_carveout(SmemNeed{kSmShared}, kSmShared), 100);
-  EXPECT_EQ(step_carveout(SmemNeed{kSmShared + 1}, kSmShared), 100);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared, 0, 0}), -1);
+  EXPECT_EQ(step_carveout(SmemNeed{0, 0, 1000}), -1);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared, 0, 4 * (42080 + 1024)}), 74);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared, 0, kSmShared}), 100);
+  EXPECT_EQ(step_carveout(SmemNeed{kSmShared, 0, kSmShared + 1}), 100);
   for (size_t need = 1; need <= kSmShared; need += 997) {
-    const int percent = step_carveout(SmemNeed{need}, kSmShared);
+    const int percent = step_carveout(SmemNeed{kSmShared, 0, need});
     ASSERT_GE(percent, 1);
     ASSERT_LE(percent, 100);
     EXPECT_GE(size_t(percent) * kSmShared, 100 * need) << need;

@@ -149,10 +149,12 @@ class CudaBackend final : public CacheBackend {
     int device = 0, smem_limit = 0;
     RSSM_CUDA_CHECK(cudaGetDevice(&device));
     RSSM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
-    int sm_shared = 0;
+    int sm_shared = 0, reserved = 0;
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&sm_shared, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-    sm_shared_bytes_ = size_t(sm_shared);
+    RSSM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+    step_need_device_ = {size_t(sm_shared), size_t(reserved)};
     RSSM_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     // small_step_kernel copies its head's ring x.
@@ -295,12 +297,12 @@ class CudaBackend final : public CacheBackend {
         // (batch, window): the kernels chosen depend on nothing else of a step.
         auto [known, fresh] = step_carveouts_.try_emplace({p.batch, p.tokens}, -1);
         if (fresh && cuda::step_carveout_pays(kMode, p.tokens)) {
-          cuda::SmemNeed need;
+          cuda::SmemNeed need = step_need_device_;
           cuda::LaunchConfig plan = chained;
           plan.plan = &need;
           cuda::ModeLaunchers<kMode>::flush(p, plan);
           cuda::ModeLaunchers<kMode>::verify(p, plan);
-          known->second = cuda::step_carveout(need, sm_shared_bytes_);
+          known->second = cuda::step_carveout(need);
         }
         chained.smem_carveout = known->second;
         cuda::ModeLaunchers<kMode>::flush(p, chained);
@@ -510,7 +512,7 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
-  size_t sm_shared_bytes_ = 0;  // an SM's shared memory at the largest carveout
+  cuda::SmemNeed step_need_device_;  // the device's figures a step's plan starts from
   std::map<std::pair<int, int>, int> step_carveouts_;  // (batch, window) -> step_carveout
   // Blocks of flush_kernel resident on the device at once, per shape (replay_launch.cuh).
   mutable int flush_grid_[2] = {0, 0};

@@ -15,22 +15,17 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// What a launch of `kernel` needs of an SM's shared memory (SmemNeed, smem_need): the blocks per
-// SM its registers and threads allow (the occupancy asked without dynamic shared memory) that fit
-// the SM's shared memory, each with its static and dynamic bytes and the per-block reservation.
+// What a launch of `kernel` needs of an SM's shared memory (smem_need, against the device of
+// `need`): the blocks per SM its registers and threads allow (the occupancy asked without dynamic
+// shared memory) that fit, each with its static and dynamic bytes and the per-block reservation.
 template <typename Kernel>
-size_t smem_need_per_sm(Kernel kernel, int block, size_t smem) {
-  int by_registers = 0, device = 0, reserved = 0, sm_shared = 0;
+size_t smem_need_per_sm(const SmemNeed& need, Kernel kernel, int block, size_t smem) {
+  int by_registers = 0;
   RSSM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_registers, kernel, block, 0));
-  RSSM_CUDA_CHECK(cudaGetDevice(&device));
-  RSSM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  RSSM_CUDA_CHECK(
-      cudaDeviceGetAttribute(&sm_shared, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   cudaFuncAttributes attributes{};
   RSSM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  return smem_need(by_registers, attributes.sharedSizeBytes + smem + size_t(reserved),
-                   size_t(sm_shared));
+  return smem_need(by_registers, attributes.sharedSizeBytes + smem + need.reserved_per_block,
+                   need.sm_shared_bytes);
 }
 
 // A plain or (lc.dependent) a programmatic dependent launch, in lc.smem_carveout; with lc.plan,
@@ -39,7 +34,7 @@ template <typename Kernel>
 void launch(const LaunchConfig& lc, Kernel kernel, dim3 grid, int block, size_t smem,
             const ReplayParams& p) {
   if (lc.plan) {
-    lc.plan->bytes = std::max(lc.plan->bytes, smem_need_per_sm(kernel, block, smem));
+    lc.plan->bytes = std::max(lc.plan->bytes, smem_need_per_sm(*lc.plan, kernel, block, smem));
     return;
   }
   if (lc.dependent || lc.smem_carveout >= 0)

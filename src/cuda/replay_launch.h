@@ -12,10 +12,13 @@
 
 namespace replayssm::cuda {
 
-// The shared memory a launch needs per SM to hold as many of its blocks as its registers and
-// threads allow and the SM's shared memory holds (smem_need, below).
+// What a step's launches need of an SM's shared memory: as many of each kernel's blocks as its
+// registers and threads allow and the SM's shared memory holds (smem_need, below). The device's
+// two figures are the backend's, queried once; the planned launches raise `bytes`.
 struct SmemNeed {
-  size_t bytes = 0;  // the most over the planned launches
+  size_t sm_shared_bytes = 0;     // an SM's shared memory at the largest carveout
+  size_t reserved_per_block = 0;  // the driver's shared memory of each resident block
+  size_t bytes = 0;               // the most over the planned launches
 };
 
 // What the launchers need to know about the backend beyond ReplayParams.
@@ -62,9 +65,9 @@ inline size_t smem_need(int blocks_by_registers, size_t block_bytes, size_t sm_s
 // -3.0 / -3.4%; W = 8 separate-fp8 nemotron3-nano-4b -2.8%, mamba2-2.7b -3.8%, falcon-h1-7b -1.2%,
 // nemotron-h-56b -1.7%; W = 1 level except nemotron-h-56b (separate-fp8 -2.1%, separate-nvfp4
 // -7.0%).
-inline int step_carveout(const SmemNeed& need, size_t sm_shared_bytes) {
-  if (need.bytes == 0 || sm_shared_bytes == 0) return -1;
-  const size_t percent = (100 * need.bytes + sm_shared_bytes - 1) / sm_shared_bytes;
+inline int step_carveout(const SmemNeed& need) {
+  if (need.bytes == 0 || need.sm_shared_bytes == 0) return -1;
+  const size_t percent = (100 * need.bytes + need.sm_shared_bytes - 1) / need.sm_shared_bytes;
   return int(std::min<size_t>(percent, 100));
 }
 
