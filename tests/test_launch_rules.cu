@@ -151,13 +151,12 @@ TEST(LaunchRules, SmemNeedHoldsTheBlocksThatFit) {
     }
 }
 
-// The step's carveout is used where it was measured to gain (step_carveout_pays): separate-fp8
-// and shared-fp8 at every window, separate-nvfp4 up to W = 4; nowhere else.
+// The step's carveout is used where it was measured to gain (step_carveout_pays): every mode but
+// fp32 at every window, separate-nvfp4 only up to W = 4.
 TEST(LaunchRules, StepCarveoutPaysWhereMeasured) {
   for (const Mode mode : kAllModes)
     for (int window = 1; window <= 8; ++window) {
-      const bool measured = mode == Mode::separate_fp8 || mode == Mode::shared_fp8 ||
-                            (mode == Mode::separate_nvfp4 && window <= 4);
+      const bool measured = mode != Mode::fp32 && (mode != Mode::separate_nvfp4 || window <= 4);
       EXPECT_EQ(step_carveout_pays(mode, window), measured) << mode_name(mode) << " W " << window;
     }
 }

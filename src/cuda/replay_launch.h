@@ -71,21 +71,23 @@ inline int step_carveout(const SmemNeed& need) {
   return int(std::min<size_t>(percent, 100));
 }
 
-// Where the step's carveout is used: in the modes and windows measured to gain by it. Not for
-// separate-nvfp4 above W = 4: its W = 8 steps never gained and lost up to 4.2% (H100, session 55,
-// batch 64: nemotron3-nano-4b +3.6 to +4.2% in two calls, nemotron-h-56b +1.1%, nemotron-h-8b
-// -0.1 to +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%; W = 5-7 not measured), where its W = 4
-// gained (nemotron-h-8b batch 64 / 256 -2.7 / -2.1%); why has not been profiled yet. The modes
-// not yet timed with it (fp32, bf16, fp16, fp16-sr, shared-int8) keep the driver's choice.
+// Where the step's carveout is used: in the modes and windows measured to gain by it (H100,
+// nemotron-h-8b batch 64 against the driver's choice in the same call, sessions 55-56,
+// bench/results/2026-12-06-h100-session55.md and -session56.md). Not for fp32: its W = 4 / 8
+// steps lost 1.3 / 1.1% (W = 1 -0.4%). Not for separate-nvfp4 above W = 4: its W = 8 steps never
+// gained and lost up to 4.2% (session 55, batch 64: nemotron3-nano-4b +3.6 to +4.2% in two calls,
+// nemotron-h-56b +1.1%, nemotron-h-8b -0.1 to +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%;
+// W = 5-7 not measured), where its W = 4 gained (batch 64 / 256 -2.7 / -2.1%). The other modes
+// gained or stayed level at W = 1, 4 and 8 (session 56: bf16 -4.7 / -1.2 / -0.8%, fp16-sr -2.9 /
+// -1.3 / -0.4%, shared-int8 -0.3 / -5.8 / -3.2%).
 constexpr bool step_carveout_pays(Mode mode, int window) {
   switch (mode) {
-    case Mode::separate_fp8:
-    case Mode::shared_fp8:
-      return true;
+    case Mode::fp32:
+      return false;
     case Mode::separate_nvfp4:
       return window <= 4;
     default:
-      return false;
+      return true;
   }
 }
 
