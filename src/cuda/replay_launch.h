@@ -59,34 +59,43 @@ inline size_t smem_need(int blocks_by_registers, size_t block_bytes, size_t sm_s
 // the 132 KB configuration and nemotron-h-8b's W = 8 verify (42 KB x 4 blocks) in the 196 KB
 // one, so each SM drained its flush blocks before taking verify blocks. The step's carveout: the
 // larger need of the two, in percent of the SM's shared memory, rounded up (the driver rounds a
-// preference up to the next configuration it has). H100, against the driver's choice in the same
-// call (sessions 54-55, bench/results/2026-12-06-h100-session55.md), batch 64: nemotron-h-8b
-// separate-fp8 / shared-fp8 W = 4 -5.0 / -5.6%, W = 8 -3.0 to -4.2 / -2.7 to -3.2%, batch 256 W = 4
-// -3.0 / -3.4%; W = 8 separate-fp8 nemotron3-nano-4b -2.8%, mamba2-2.7b -3.8%, falcon-h1-7b -1.2%,
-// nemotron-h-56b -1.7%; W = 1 level except nemotron-h-56b (separate-fp8 -2.1%, separate-nvfp4
-// -7.0%).
+// preference up to the next configuration it has, and two kernels launched with one preference
+// share SMs, eager or in a graph: tests/test_carveout_driver.cu, session 56). H100, against the
+// driver's choice in the same call (sessions 54-55, bench/results/2026-12-06-h100-session55.md),
+// batch 64: nemotron-h-8b separate-fp8 / shared-fp8 W = 4 -5.0 / -5.6%, W = 8 -3.0 to -4.2 / -2.7
+// to -3.2%, batch 256 W = 4 -3.0 / -3.4%; W = 8 separate-fp8 nemotron3-nano-4b -2.8%, mamba2-2.7b
+// -3.8%, falcon-h1-7b -1.2%, nemotron-h-56b -1.7%; W = 1 level except nemotron-h-56b (separate-fp8
+// -2.1%, separate-nvfp4 -7.0%).
 inline int step_carveout(const SmemNeed& need) {
   if (need.bytes == 0 || need.sm_shared_bytes == 0) return -1;
   const size_t percent = (100 * need.bytes + need.sm_shared_bytes - 1) / need.sm_shared_bytes;
   return int(std::min<size_t>(percent, 100));
 }
 
-// Where the step's carveout is used: in the modes and windows measured to gain by it (H100,
-// nemotron-h-8b batch 64 against the driver's choice in the same call, sessions 55-56,
-// bench/results/2026-12-06-h100-session55.md and -session56.md). Not for fp32: its W = 4 / 8
-// steps lost 1.3 / 1.1% (W = 1 -0.4%). Not for separate-nvfp4 above W = 4: its W = 8 steps never
-// gained and lost up to 4.2% (session 55, batch 64: nemotron3-nano-4b +3.6 to +4.2% in two calls,
-// nemotron-h-56b +1.1%, nemotron-h-8b -0.1 to +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%;
-// W = 5-7 not measured), where its W = 4 gained (batch 64 / 256 -2.7 / -2.1%). The other modes
-// gained or stayed level at W = 1, 4 and 8 (session 56: bf16 -4.7 / -1.2 / -0.8%, fp16-sr -2.9 /
-// -1.3 / -0.4%, shared-int8 -0.3 / -5.8 / -3.2%).
+// Where the step's carveout is used: in the modes and windows measured to gain by it, against
+// the driver's choice in the same call (H100, batch 64 unless said; sessions 55-56,
+// bench/results/2026-12-06-h100-session55.md and -session56.md). Left to the driver:
+// - fp32: nemotron-h-8b W = 4 / 8 +1.3 / +1.1% (W = 1 -0.4%).
+// - shared-fp8 and shared-int8 at W = 1, which never gained: nemotron-h-56b +5.4 / +3.1%, the
+//   other presets -0.3 to +0.9% (at W = 4 / 8 they gained: nemotron-h-8b -5.6 / -3.2% shared-fp8,
+//   -5.8 / -1.7 to -3.2% shared-int8; nemotron-h-56b W = 4 shared-int8 -7.4%).
+// - separate-nvfp4 above W = 4: its W = 8 steps never gained and lost up to 4.2%
+//   (nemotron3-nano-4b +3.6 to +4.2% in two calls, nemotron-h-56b +1.1%, nemotron-h-8b -0.1 to
+//   +1.2%, mamba2-2.7b +0.6%, falcon-h1-7b -0.6%; W = 5-7 not measured); W = 4 gained (-2.7%).
+// The rest gained or stayed level: separate-fp8 (nemotron-h-8b W = 4 / 8 -5.0 / -3.0 to -4.2%,
+// nemotron-h-56b W = 1 -2.1%), bf16 / fp16 / fp16-sr (nemotron-h-8b W = 1 -4.7 / -4.9 / -2.9 to
+// -3.3%, W = 4 -0.7 to -1.4%, W = 8 -1.3 to +0.1%; mamba2-2.7b W = 1 -10.6 / - / -9.7%;
+// nemotron-h-56b W = 1 -2.7 / - / -2.8%, W = 4 +0.9 / - / 0.0%; falcon-h1-7b level).
 constexpr bool step_carveout_pays(Mode mode, int window) {
   switch (mode) {
     case Mode::fp32:
       return false;
+    case Mode::shared_fp8:
+    case Mode::shared_int8:
+      return window > 1;
     case Mode::separate_nvfp4:
       return window <= 4;
-    default:
+    default:  // bf16, fp16, fp16-sr, separate-fp8
       return true;
   }
 }
