@@ -101,7 +101,9 @@ if has profile; then
   # matching launches are skipped first (60 here, where validate, verify and commit of each of
   # the bench's phase-spreading pre-steps match; as in bench/results/2026-12-06-h200-session53.md).
   # Also each launch's shared memory and the SM configuration it ran in: a flush and a verify in
-  # different configurations do not overlap (bench/results/2026-12-06-h100-session54.md).
+  # different configurations do not overlap (bench/results/2026-12-06-h100-session54.md). ncu
+  # reports the function's own configuration, not that of a launch with the step carveout's
+  # attribute (session 56): tests/test_carveout_driver.cu reads that one from residency.
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
   metrics+=,launch__grid_size,launch__block_size,launch__occupancy_limit_registers
