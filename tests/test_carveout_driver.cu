@@ -65,22 +65,21 @@ void launch(const Launch& l, cudaStream_t stream) {
 
 // Runs the launches eagerly or as one captured graph, then waits.
 void run(const std::vector<Launch>& launches, bool graph, cudaStream_t stream) {
-  if (!graph) {
-    for (const Launch& l : launches) launch(l, stream);
-  } else {
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (const Launch& l : launches) launch(l, stream);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (const Launch& l : launches) launch(l, stream);
+  if (graph) {
     CUDA_OK(cudaStreamEndCapture(stream, &g));
     CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
     CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(g));
   }
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaGetLastError());
+  if (graph) {
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(g));
+  }
 }
 
 std::vector<BlockSpan> spans_of(const BlockSpan* device_spans, int blocks) {
