@@ -16,11 +16,10 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/replay_launch.h"
+#include "cuda_test_util.h"
 
 namespace replayssm {
 namespace {
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 struct BlockSpan {
   uint32_t sm;

@@ -18,6 +18,7 @@
 #include "cache/checkpoint_codec.h"
 #include "cache/layout.h"
 #include "cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #include "replayssm/cache.h"
 #include "replayssm/error.h"
 #include "replayssm/standard_decode.h"
@@ -33,8 +34,6 @@ using testing::Tokens;
 
 #define SKIP_WITHOUT_DEVICE() \
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device"
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 // A device copy of a host byte vector, freed on destruction.
 struct DeviceBytes {

@@ -12,11 +12,10 @@
 #include "core/formats.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/replay_codec.cuh"
+#include "cuda_test_util.h"
 
 namespace replayssm {
 namespace {
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
 // words[i] = the short-form SR of the pair (x[2i], x[2i+1]) with random words (random[2i],
 // random[2i+1]) and r bits.
