@@ -17,7 +17,9 @@
 # REPLAYSSM_BIN (the program the bench, table, profile, stalls, source, kernels, phases and
 # drift steps run; default ./build/bin/replayssm; a .xz file is decompressed first),
 # AB_TREE (a second source tree, e.g. a worktree of a branch carried with the call: the same steps
-# run there afterwards, results under $OUT/ab, so both versions are measured in one call).
+# run there afterwards, results under $OUT/ab, so both versions are measured in one call),
+# REQUIRE_GPU (a part of the GPU's name, e.g. H200: on any other card, or none, exit 3 before any
+# step, so that a table meant for one card never spends a lease on another).
 set -uo pipefail
 steps=("$@")
 [[ ${#steps[@]} -eq 0 ]] && steps=(build test racecheck bench profile)
@@ -36,6 +38,10 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, logs to $out/
   return $s
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/gpu.txt"
+if [[ -n ${REQUIRE_GPU:-} ]] && ! grep -qi -- "$REQUIRE_GPU" <(tail -n +2 "$out/gpu.txt"); then
+  echo "REQUIRE_GPU=$REQUIRE_GPU: this machine's GPU is not one (nvidia-smi above); no step run" >&2
+  exit 3
+fi
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$out/gpu.txt"
 # REPLAYSSM_BIN: a replayssm program built elsewhere (an sm_90a build carried with the call, maybe
 # xz-compressed) for the steps that run it, so that a short lease needs no `build` step.
