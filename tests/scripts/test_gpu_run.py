@@ -1,5 +1,6 @@
 """scripts/gpu_run.sh's REQUIRE_GPU guard, with a stand-in nvidia-smi and replayssm on PATH: on a
-card whose name does not contain it (or with no nvidia-smi) the script exits 3 before any step;
+card whose name does not contain it (or where nvidia-smi finds no GPU) the script exits 3 before
+any step;
 on one that does, or without the guard, its steps run."""
 import os
 import shutil
@@ -14,6 +15,11 @@ SMI = """#!/usr/bin/env bash
 echo "name, clocks.current.sm [MHz], clocks.current.memory [MHz], temperature.gpu"
 echo "NVIDIA H100 80GB HBM3, 345 MHz, 2619 MHz, 38"
 """
+# nvidia-smi on a machine without a GPU or driver: a message on stderr, no CSV, non-zero.
+NO_GPU_SMI = """#!/usr/bin/env bash
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+exit 9
+"""
 # Records its arguments; prints no table (bench_table.py's failure does not stop the script).
 FAKE = """#!/usr/bin/env bash
 echo "$@" >> "$CALLS"
@@ -21,19 +27,17 @@ echo "$@" >> "$CALLS"
 
 
 class GpuRunGuard(ScriptTestCase):
-    def run_script(self, with_smi=True, **env):
+    def run_script(self, gpu=True, **env):
         bin_dir = os.path.join(self.dir.name, "bin")
         os.makedirs(bin_dir, exist_ok=True)
-        tools = {"replayssm": FAKE}
-        if with_smi:
-            tools["nvidia-smi"] = SMI
+        tools = {"replayssm": FAKE, "nvidia-smi": SMI if gpu else NO_GPU_SMI}
         for name, text in tools.items():
             path = os.path.join(bin_dir, name)
             with open(path, "w") as f:
                 f.write(text)
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-        # PATH: the stand-ins and the folders of bash, coreutils, git and python3 only (a real
-        # nvidia-smi elsewhere on PATH must not answer).
+        # PATH: the stand-ins first (a real nvidia-smi must not answer), then the folders of bash,
+        # coreutils, git and python3.
         keep = {os.path.dirname(shutil.which(t)) for t in ("bash", "timeout", "git", "python3")}
         out = os.path.join(self.dir.name, "out")
         calls = os.path.join(self.dir.name, "calls")
@@ -56,7 +60,7 @@ class GpuRunGuard(ScriptTestCase):
         self.assertFalse(os.path.exists(os.path.join(out, "table.txt")))
 
     def test_no_gpu_runs_no_step(self):
-        p, out, ran = self.run_script(with_smi=False, REQUIRE_GPU="H100")
+        p, out, ran = self.run_script(gpu=False, REQUIRE_GPU="H100")
         self.assertEqual(p.returncode, 3, p.stderr)
         self.assertEqual(ran, "")
 
