@@ -4,7 +4,9 @@ in each set of runs, and the change against the first set.
 
 Each SET is `LABEL=FILE[,FILE...]`. A FILE is one bench output (`replayssm bench -o json`) or a
 combined results file (`bench/results/*-callN.json`: an object of run key -> bench output), of
-which `FILE:TEXT` takes the runs whose key contains TEXT. A set's value for a configuration (name,
+which `FILE:TEXT` takes the runs whose key contains TEXT, or the stderr of a run cut short
+(`.err`: its `[bench] NAME, batch B, W W: T us/step` lines, the rows measured before it stopped;
+scripts/gpu_ab_programs.sh keeps them). A set's value for a configuration (name,
 batch, window) is the mean over its runs; the run count and the spread (max - min, % of the mean)
 are shown where a set has more than one run.
 
@@ -19,6 +21,7 @@ change. That is also why the base of an A/B should be main's own binary, measure
 """
 import argparse
 import json
+import re
 import sys
 
 STANDARD_PREFIX = "standard"
@@ -28,9 +31,32 @@ class InputError(Exception):
     """A set or file that cannot be read, with what is wrong with it."""
 
 
+# A row as `replayssm bench` reports it on stderr while it runs (tools/cmd_bench.cpp).
+BENCH_LINE = re.compile(r"^\[bench\] (.+), batch (\d+), W (\d+): ([0-9.]+) us/step")
+
+
+def stderr_rows(path):
+    """The bench output of a run known only by its stderr: the rows its `[bench]` lines name."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})")
+    rows = [{"name": m[1], "batch": int(m[2]), "window": int(m[3]), "us_per_step": float(m[4])}
+            for m in map(BENCH_LINE.match, lines) if m]
+    if not rows:
+        raise InputError(f"{path}: no '[bench] NAME, batch B, W W: T us/step' line")
+    return {"rows": rows}
+
+
 def bench_outputs(path, key_filter=None):
-    """The bench outputs in `path`: the file itself, or the values of a combined results file
-    whose keys contain key_filter (all of them without one)."""
+    """The bench outputs in `path`: the file itself, the values of a combined results file whose
+    keys contain key_filter (all of them without one), or a run's stderr (.err)."""
+    if path.endswith(".err"):
+        if key_filter is not None:
+            raise InputError(f"{path}: a run's stderr has no run keys to select with "
+                             f"':{key_filter}'")
+        return [stderr_rows(path)]
     try:
         with open(path) as f:
             data = json.load(f)

@@ -15,7 +15,8 @@
 # (overall, default 540: later runs are skipped), UNPACK, OUT (default gpu-out), RESULTS_DIR (the
 # folder the runs are written to and $OUT/results.tgz is packed from; default a temporary one).
 # Each run writes bench-c<configuration>-r<round>-<name>.json and .err (whose `[bench]` lines are
-# the rows measured so far, kept when the run's limit cuts it short).
+# the rows measured so far: a run cut short by its limit writes no JSON, and the tables take
+# those rows instead).
 # Make the programs: build here (`cmake --build build --target replayssm-cli`), then
 # `strip -o DIR/NAME build/bin/replayssm`; `tar -cf - -C DIR . | xz -T1 -9e` packs several
 # programs of one source tree in little more than one's size (docs/cuda.md).
@@ -98,8 +99,13 @@ for ((c = 0; c < ${#configs[@]}; ++c)); do
   for ((i = 0; i < n; ++i)); do
     files=()
     for ((round = 1; round <= rounds; ++round)); do
-      f=$work/bench-c$c-r$round-${names[i]}.json
-      [[ -s $f ]] && files+=("$f")
+      f=$work/bench-c$c-r$round-${names[i]}
+      # A run cut short by BENCH_LIMIT_S wrote no JSON: the rows its stderr reported count.
+      if [[ -s $f.json ]]; then
+        files+=("$f.json")
+      elif grep -q '^\[bench\] .*, batch [0-9]*, W [0-9]*: ' "$f.err" 2>/dev/null; then
+        files+=("$f.err")
+      fi
     done
     ((${#files[@]})) && sets+=("${names[i]}=$(IFS=,; echo "${files[*]}")")
   done

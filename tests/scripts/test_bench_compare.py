@@ -1,5 +1,6 @@
 """scripts/bench_compare.py on small bench outputs: means, changes, spreads, the standard kernels'
-noise, combined results files and their key filter, and the errors for bad input."""
+noise, combined results files and their key filter, a cut-short run's stderr, and the errors for
+bad input."""
 import unittest
 
 from script_test_util import ScriptTestCase, load_script
@@ -54,6 +55,35 @@ class BenchCompare(ScriptTestCase):
         self.assertAlmostEqual(changes[0], 100.0)
         # Without a filter every run of the file is in the set.
         self.assertEqual(bc.compare([bc.parse_set(f"all={path}")])[0][0][3][0][1], 3)
+
+    def test_a_cut_short_runs_stderr(self):
+        # What `replayssm bench` prints while it runs; the device line and other text are no rows.
+        err = self.write("r1-main.err", "\n".join([
+            "[bench] NVIDIA H100 80GB HBM3, 132 SMs, peak clocks 1980 MHz SM / 2619 MHz memory, "
+            "copy bandwidth 2954 GB/s (read + write)",
+            "[bench] standard fp32 state + intermediates, batch 64, W 4: 485.4 us/step, 1351.7 "
+            "MB/step, 2785 GB/s, 94.3% of copy bandwidth",
+            "[bench] replay separate-fp8, batch 64, W 4: 83.4 us/step, 149.9 MB/step, 1797 GB/s, "
+            "60.8% of copy bandwidth",
+            "warning: something else"]) + "\n")
+        full = self.write("r2-main.json", bench({("replay separate-fp8", 64, 4): 84.4,
+                                                 ("replay separate-fp8", 256, 4): 290.0}))
+        rows, _ = bc.compare([bc.parse_set(f"main={err},{full}")])
+        by_key = {r[:3]: r[3][0] for r in rows}
+        self.assertEqual(set(by_key), {("standard fp32 state + intermediates", 64, 4),
+                                       ("replay separate-fp8", 64, 4),
+                                       ("replay separate-fp8", 256, 4)})
+        self.assertAlmostEqual(by_key[("replay separate-fp8", 64, 4)][0], 83.9)
+        self.assertEqual(by_key[("replay separate-fp8", 64, 4)][1], 2)
+        self.assertEqual(by_key[("replay separate-fp8", 256, 4)][1], 1)  # the cut run lacks it
+        empty = self.write("cut.err", "[bench] NVIDIA H100, copy bandwidth 2954 GB/s\n")
+        for args, message in (([f"a={empty}"], "no '[bench] NAME, batch B, W W: T us/step' line"),
+                              ([f"a={err}:r1"], "a run's stderr has no run keys"),
+                              ([f"a={self.dir.name}/gone.err"], "cannot read it")):
+            with self.subTest(args=args):
+                rc, out, stderr = self.run_main(*args)
+                self.assertEqual(rc, 2)
+                self.assertIn(message, stderr)
 
     def test_bad_input_is_named(self):
         good = self.write("good.json", bench({("replay bf16", 1, 1): 3.0}))

@@ -1,8 +1,8 @@
 """scripts/gpu_ab_programs.sh with stand-in programs (a shell script that answers `--version` and
 `bench ... -o json` like replayssm): every run of every round is kept, the order rotates, a
 program's own environment reaches it, .xz programs, programs of the UNPACK archive and files
-without their execute bit run, the comparison tables are made, a caller's RESULTS_DIR is packed
-and kept, and a bad argument is refused."""
+without their execute bit run, the comparison tables are made (from a run cut short by its limit,
+the rows it reported), a caller's RESULTS_DIR is packed and kept, and a bad argument is refused."""
 import json
 import os
 import stat
@@ -19,6 +19,8 @@ b=64
 while [[ $# -gt 0 ]]; do [[ $1 == --batches ]] && b=$2; shift; done
 t=$((10 * ${FACTOR:-1}))
 echo "[bench] replay separate-fp8, batch $b, W 1: $t us/step" >&2
+# CUT: report a row, then run past BENCH_LIMIT_S (killed before any JSON is written).
+if [[ -n ${CUT:-} ]]; then sleep 30; fi
 printf '{"command": "replayssm bench", "rows": [{"name": "standard fp32 state", "batch": %s, \
 "window": 1, "us_per_step": 100.0}, {"name": "replay separate-fp8", "batch": %s, "window": 1, \
 "us_per_step": %s}]}\\n' "$b" "$b" "$t"
@@ -85,6 +87,18 @@ class GpuAbPrograms(ScriptTestCase):
         with tarfile.open(os.path.join(out, "results.tgz")) as t:
             names = set(os.path.normpath(n) for n in t.getnames())
         self.assertLessEqual({"build.txt", "bench-c0-r1-only.json", "compare-c0.md"}, names)
+
+    def test_a_run_cut_short_counts_with_the_rows_it_reported(self):
+        fake, _ = self.make_programs()
+        p, out = self.run_script(f"base={fake}", f"cut={fake}+CUT=1+FACTOR=3",
+                                 BENCH_ARGS="--batches 64", ROUNDS="1", BENCH_LIMIT_S="2",
+                                 LIMIT_S="60")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("bench-c0-r1-cut exit 124", p.stdout)
+        with tarfile.open(os.path.join(out, "results.tgz")) as t:
+            self.assertEqual(t.extractfile("./bench-c0-r1-cut.json").read(), b"")
+            compare = t.extractfile("./compare-c0.md").read().decode()
+        self.assertIn("| replay separate-fp8 | 64 | 1 | 10.0 | 30.0 | +200.0% |", compare)
 
     def test_bad_arguments_are_refused(self):
         fake, _ = self.make_programs()
