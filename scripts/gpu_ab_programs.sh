@@ -100,7 +100,9 @@ for ((c = 0; c < ${#configs[@]}; ++c)); do
     files=()
     for ((round = 1; round <= rounds; ++round)); do
       f=$work/bench-c$c-r$round-${names[i]}
-      # A run cut short by BENCH_LIMIT_S wrote no JSON: the rows its stderr reported count.
+      # A run cut short by BENCH_LIMIT_S wrote no JSON: the rows its stderr reported count (the
+      # pattern is bench_compare.py's BENCH_LINE, so that a run cut before its first row is left out
+      # instead of failing the configuration's table).
       if [[ -s $f.json ]]; then
         files+=("$f.json")
       elif grep -q '^\[bench\] .*, batch [0-9]*, W [0-9]*: ' "$f.err" 2>/dev/null; then

@@ -19,8 +19,9 @@ b=64
 while [[ $# -gt 0 ]]; do [[ $1 == --batches ]] && b=$2; shift; done
 t=$((10 * ${FACTOR:-1}))
 echo "[bench] replay separate-fp8, batch $b, W 1: $t us/step" >&2
-# CUT: report a row, then run past BENCH_LIMIT_S (killed before any JSON is written).
-if [[ -n ${CUT:-} ]]; then sleep 30; fi
+# CUT: report a row, then run past BENCH_LIMIT_S (killed before any JSON is written; exec, so
+# that the kill ends the sleep too).
+if [[ -n ${CUT:-} ]]; then exec sleep 30; fi
 printf '{"command": "replayssm bench", "rows": [{"name": "standard fp32 state", "batch": %s, \
 "window": 1, "us_per_step": 100.0}, {"name": "replay separate-fp8", "batch": %s, "window": 1, \
 "us_per_step": %s}]}\\n' "$b" "$b" "$t"
