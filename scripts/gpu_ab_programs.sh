@@ -105,7 +105,7 @@ for ((c = 0; c < ${#configs[@]}; ++c)); do
       # instead of failing the configuration's table).
       if [[ -s $f.json ]]; then
         files+=("$f.json")
-      elif grep -q '^\[bench\] .*, batch [0-9]*, W [0-9]*: ' "$f.err" 2>/dev/null; then
+      elif grep -Eq '^\[bench\] .+, batch [0-9]+, W [0-9]+: [0-9.]+ us/step' "$f.err" 2>/dev/null; then
         files+=("$f.err")
       fi
     done
