@@ -100,12 +100,12 @@ for ((c = 0; c < ${#configs[@]}; ++c)); do
     files=()
     for ((round = 1; round <= rounds; ++round)); do
       f=$work/bench-c$c-r$round-${names[i]}
-      # A run cut short by BENCH_LIMIT_S wrote no JSON: the rows its stderr reported count (the
-      # pattern is bench_compare.py's BENCH_LINE, so that a run cut before its first row is left out
-      # instead of failing the configuration's table).
+      # A run cut short by BENCH_LIMIT_S wrote no JSON: the rows its stderr reported count, where
+      # bench_compare.py reads any (a run cut before its first row is left out instead of failing
+      # the configuration's table).
       if [[ -s $f.json ]]; then
         files+=("$f.json")
-      elif grep -Eq '^\[bench\] .+, batch [0-9]+, W [0-9]+: [0-9.]+ us/step' "$f.err" 2>/dev/null; then
+      elif [[ -s $f.err ]] && python3 "$here/bench_compare.py" "cut=$f.err" >/dev/null 2>&1; then
         files+=("$f.err")
       fi
     done

@@ -2,7 +2,8 @@
 `bench ... -o json` like replayssm): every run of every round is kept, the order rotates, a
 program's own environment reaches it, .xz programs, programs of the UNPACK archive and files
 without their execute bit run, the comparison tables are made (from a run cut short by its limit,
-the rows it reported), a caller's RESULTS_DIR is packed and kept, and a bad argument is refused."""
+the rows it reported; one cut before its first row is left out), a caller's RESULTS_DIR is packed
+and kept, and a bad argument is refused."""
 import json
 import os
 import stat
@@ -18,6 +19,11 @@ if [[ $1 == --version ]]; then echo "fake replayssm"; exit 0; fi
 b=64
 while [[ $# -gt 0 ]]; do [[ $1 == --batches ]] && b=$2; shift; done
 t=$((10 * ${FACTOR:-1}))
+# CUT_EARLY: the device line, then past BENCH_LIMIT_S before the first row.
+if [[ -n ${CUT_EARLY:-} ]]; then
+  echo "[bench] NVIDIA H100, copy bandwidth 2954 GB/s" >&2
+  exec sleep 30
+fi
 echo "[bench] replay separate-fp8, batch $b, W 1: $t us/step" >&2
 # CUT: report a row, then run past BENCH_LIMIT_S (killed before any JSON is written; exec, so
 # that the kill ends the sleep too).
@@ -100,6 +106,18 @@ class GpuAbPrograms(ScriptTestCase):
             self.assertEqual(t.extractfile("./bench-c0-r1-cut.json").read(), b"")
             compare = t.extractfile("./compare-c0.md").read().decode()
         self.assertIn("| replay separate-fp8 | 64 | 1 | 10.0 | 30.0 | +200.0% |", compare)
+
+    def test_a_run_cut_before_its_first_row_is_left_out(self):
+        fake, _ = self.make_programs()
+        p, out = self.run_script(f"base={fake}", f"early={fake}+CUT_EARLY=1",
+                                 BENCH_ARGS="--batches 64", ROUNDS="1", BENCH_LIMIT_S="2",
+                                 LIMIT_S="60")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("bench-c0-r1-early exit 124", p.stdout)
+        with tarfile.open(os.path.join(out, "results.tgz")) as t:
+            compare = t.extractfile("./compare-c0.md").read().decode()
+        self.assertIn("| replay separate-fp8 | 64 | 1 | 10.0 |", compare)
+        self.assertNotIn("early", compare)
 
     def test_bad_arguments_are_refused(self):
         fake, _ = self.make_programs()

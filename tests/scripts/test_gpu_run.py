@@ -1,7 +1,6 @@
 """scripts/gpu_run.sh's REQUIRE_GPU guard, with a stand-in nvidia-smi and replayssm on PATH: on a
 card whose name does not contain it (or where nvidia-smi finds no GPU) the script exits 3 before
-any step;
-on one that does, or without the guard, its steps run."""
+any step; on one that does, or without the guard, its steps run."""
 import os
 import shutil
 import stat
