@@ -142,26 +142,96 @@ inline size_t verify_direct_smem_any(int L, int N, int P, int heads, int windows
                   verify_direct_smem(L, N, P, heads, windows, true));
 }
 
+// How direct_ring_pass spreads the block's rows over its threads: in vectors of 8 rows (of one
+// head, P % 8 == 0), `split` adjacent lanes sharing a vector (as many as the block has threads to
+// spare, a power of two), lane j of them summing entries j, j + split, ...; per_pass vectors per
+// pass of the block's threads.
+struct RingPassLanes {
+  int vectors, split, j, per_pass;
+  __device__ __forceinline__ explicit RingPassLanes(const ReplayParams& p)
+      : vectors(p.heads_per_block * p.P / 8), split(1) {
+    while (split < 32 && 2 * split * vectors <= int(blockDim.x)) split *= 2;
+    j = threadIdx.x % split;
+    per_pass = blockDim.x / split;
+  }
+};
+
+// One batch of a thread's ring entries in direct_ring_pass: kBatch entries' loads in flight at
+// once (a runtime-bounded loop would leave the remainder's loads one round trip each).
+template <typename ActT>
+struct RingPassBatch {
+  static constexpr int kBatch = sizeof(ActT) == 2 ? 8 : 4, kVecs = sizeof(ActT) / 2;
+  uint4 raw[kBatch][kVecs];  // entry k0 + b split of the 8 rows, as stored (zeros past m)
+  // x0: ring x [L, H, P] at the block's first row; rows r0.. of entries k0, k0 + split, ...
+  __device__ __forceinline__ void load(const ActT* x0, const SlotCursors& after, int L,
+                                       int64_t entry_stride, int r0, int k0, int split, int m) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int k = k0 + b * split;
+      const uint4* src =
+          reinterpret_cast<const uint4*>(x0 + ring_index(after, k, L) * entry_stride + r0);
+#pragma unroll
+      for (int q = 0; q < kVecs; ++q) raw[b][q] = k < m ? src[q] : make_uint4(0, 0, 0, 0);
+    }
+  }
+};
+
+// The ring x of the block's first heads (x0 of RingPassBatch::load).
+template <typename ActT>
+__device__ __forceinline__ const ActT* ring_pass_x0(const SlotSections& sec, int h0, int P) {
+  return static_cast<const ActT*>(sec.ring_x) + int64_t(h0) * P;
+}
+
+// The first batch of the thread's first vector in direct_ring_pass, loaded ahead by the caller
+// (kFirstAhead): at W = 1 it is issued before the block forms its dots and weights, so that its
+// round trip overlaps them instead of following them (nothing it reads is written after the
+// staging's barrier).
+template <typename ActT>
+__device__ __forceinline__ void direct_ring_first(RingPassBatch<ActT>& first, const ReplayParams& p,
+                                                  const SlotSections& sec, const SlotCursors& after,
+                                                  int h0, int m) {
+  const RingPassLanes lanes(p);
+  const int v = threadIdx.x / lanes.split;
+  if (v < lanes.vectors)
+    first.load(ring_pass_x0<ActT>(sec, h0, p.P), after, p.L, int64_t(p.H) * p.P, 8 * v, lanes.j,
+               lanes.split, m);
+}
+
+// W = 1: the rows' scales of the readout copied by cp.async into the place of their gains
+// (DirectSmem::gain, [heads * P] at W = 1) with the prologue's staging, where the ring pass
+// (kFirstAhead) reads them: loaded by the ring pass after its sums, they were one DRAM round trip
+// more at the end of the prologue.
+template <Mode kMode>
+__device__ __forceinline__ void direct_stage_scales(float* gain, const SlotSections& sec, int h0,
+                                                    int P, int heads) {
+  const float* scales = readout_scales<kMode>(sec) + int64_t(h0) * P;
+  for (int u = threadIdx.x; u < heads * P / 4; u += blockDim.x)
+    cp_async16(gain + 4 * u, scales + 4 * u);
+}
+
 // The ring terms and gains of the block's rows (heads h0.., heads_per_block * P rows) for the
-// window's columns j < W. Rows go in vectors of 8 (of one head, P % 8 == 0); `split` adjacent
-// lanes share a vector (as many as the block has threads to spare, a power of two), lane j summing
-// entries j, j + split, ... before the lanes add their sums. The windows go in groups of kJ, each
-// a pass over the entries (8 kJ accumulators: the DirectReader's first tiles are held in
+// window's columns j < W, rows in vectors of 8 (RingPassLanes). The windows go in groups of kJ,
+// each a pass over the entries (8 kJ accumulators: the DirectReader's first tiles are held in
 // registers through this). The window's x (k >= c) is read from the ring, where this block wrote
 // it before the barrier that precedes the call; w_jk is 0 for k > i, so every pass sums k < m.
-template <Mode kMode, typename ActT, int kW>
+// kFirstAhead (W = 1): the first batch of the thread's first vector is `first`
+// (direct_ring_first), and the rows' scales are in the gains' place (direct_stage_scales).
+template <Mode kMode, typename ActT, int kW, bool kFirstAhead = false>
 __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const StepSmem& sm,
                                                  const DirectSmem& ds, const SlotSections& sec,
-                                                 const SlotCursors& after, int h0, int m) {
+                                                 const SlotCursors& after, int h0, int m,
+                                                 const RingPassBatch<ActT>* first = nullptr) {
+  static_assert(!kFirstAhead || kW == 1, "the first batch ahead: one window group");
   constexpr int kJ = kW < 2 ? kW : 2;
-  const int P = p.P, L = p.L, W = p.tokens, vectors = p.heads_per_block * P / 8;
-  int split = 1;
-  while (split < 32 && 2 * split * vectors <= int(blockDim.x)) split *= 2;
-  const int j = threadIdx.x % split, per_pass = blockDim.x / split;
+  using Batch = RingPassBatch<ActT>;
+  const int P = p.P, L = p.L, W = p.tokens;
+  const RingPassLanes lanes(p);
+  const int vectors = lanes.vectors, split = lanes.split, j = lanes.j;
   const int64_t entry_stride = int64_t(p.H) * P;  // ring x [L, H, P]
-  const ActT* x0 = static_cast<const ActT*>(sec.ring_x) + int64_t(h0) * P;
+  const ActT* x0 = ring_pass_x0<ActT>(sec, h0, P);
   const float* scales = readout_scales<kMode>(sec) + int64_t(h0) * P;
-  for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
+  for (int v0 = 0; v0 < vectors;
+       v0 += lanes.per_pass) {  // uniform: every lane reaches the shuffles
     const int v = v0 + threadIdx.x / split, r0 = 8 * v, hh = r0 / P;
     for (int j0 = 0; j0 < W; j0 += kJ) {
       float acc[kJ][8];
@@ -171,25 +241,18 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
         for (int i = 0; i < 8; ++i) acc[jj][i] = 0.f;
       if (v < vectors) {
         const float* w = sm.head_w + (hh * kW + j0) * L;  // [kJ, L] of this head
-        // kBatch entries' loads in flight at once (a runtime-bounded loop would leave the
-        // remainder's loads one round trip each).
-        constexpr int kBatch = sizeof(ActT) == 2 ? 8 : 4, kVecs = sizeof(ActT) / 2;
-        for (int k0 = j; k0 < m; k0 += kBatch * split) {
-          uint4 raw[kBatch][kVecs];
+        for (int k0 = j; k0 < m; k0 += Batch::kBatch * split) {
+          Batch batch;
+          if (kFirstAhead && v0 == 0 && j0 == 0 && k0 == j)
+            batch = *first;
+          else
+            batch.load(x0, after, L, entry_stride, r0, k0, split, m);
 #pragma unroll
-          for (int b = 0; b < kBatch; ++b) {
-            const int k = k0 + b * split;
-            const uint4* src =
-                reinterpret_cast<const uint4*>(x0 + ring_index(after, k, L) * entry_stride + r0);
-#pragma unroll
-            for (int q = 0; q < kVecs; ++q) raw[b][q] = k < m ? src[q] : make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b) {
+          for (int b = 0; b < Batch::kBatch; ++b) {
             const int k = k0 + b * split;
             if (k >= m) break;
             float x[8];
-            act8_f32<ActT>(raw[b], p.act_f16, x);
+            act8_f32<ActT>(batch.raw[b], p.act_f16, x);
 #pragma unroll
             for (int jj = 0; jj < kJ; ++jj) {
               const float wk = w[jj * L + k];
@@ -206,7 +269,10 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
           for (int i = 0; i < 8; ++i) acc[jj][i] += __shfl_xor_sync(0xffffffffu, acc[jj][i], o);
       if (v < vectors && j == 0) {
         float s[8];
-        load8(scales + r0, s);
+        if constexpr (kFirstAhead)  // staged in the gains' place (direct_stage_scales)
+          load8(ds.gain + r0, s);
+        else
+          load8(scales + r0, s);
         if constexpr (kW == 1) {
           // Two 16-byte stores per array (2-way bank conflicts): 8 scalar stores per lane, the
           // lanes' rows 8 floats apart, were 8-way conflicts (H200 session 40, ncu, W = 1 batch

@@ -215,6 +215,14 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
           t < delta_pairs && k < m ? entry_delta_raw(p, sec, after, b, h0 + hh, k) : 0.f;
     }
   }
+  // The direct readout at W = 1: its ring pass's row scales with the staging
+  // (direct_stage_scales), and its first entries' x after it (direct_ring_first).
+  constexpr bool kRingFirstAhead = kDirect && kW == 1;
+  if constexpr (kRingFirstAhead) {
+    direct_stage_scales<kMode>(DirectSmem::carve(stages, p.heads_per_block, P, kW, false).gain, sec,
+                               h0, P, p.heads_per_block);
+    if constexpr (!(kDirect && sizeof(ActT) == 2)) cp_async_commit();  // else with kRawStage's
+  }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
   // The direct readout with 16-bit activations (kRawStage) copies B and C as they are, by
   // cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
@@ -335,8 +343,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       }
     }
   }
-  if constexpr (kRawStage) cp_async_wait<0>();
+  if constexpr (kRawStage || kRingFirstAhead) cp_async_wait<0>();
   __syncthreads();
+  // W = 1: the ring pass's first entries are loaded now, so that their round trip overlaps the
+  // dots and the weights (direct_ring_first). The window's x, which this block wrote to the ring
+  // above, is visible after the barrier.
+  RingPassBatch<ActT> ring_first;
+  if constexpr (kRingFirstAhead) direct_ring_first<ActT>(ring_first, p, sec, after, h0, m);
   // The direct readout's next codes into L2 while the block forms its dots and weights
   // (DirectReader::prefetch_l2). H200 session 40, separate-fp8 batch 64 / 256, us per step,
   // against none: 32 KB (256 rows) here 44.4 -> 43.7 / 155.4 -> 152.2 at W = 1, 121.8 ->
@@ -463,7 +476,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         return;
       }
     }
-    direct_ring_pass<kMode, ActT, kW>(p, sm, ds, sec, after, h0, m);
+    direct_ring_pass<kMode, ActT, kW, kRingFirstAhead>(p, sm, ds, sec, after, h0, m, &ring_first);
     __syncthreads();  // gain, ring
     // This block has read all it reads of the ring (the walk reads only the checkpoint), so it
     // arrives now (early_arrival's reasoning), and the entry's last block advances the cursors
