@@ -199,8 +199,8 @@ __device__ __forceinline__ void direct_ring_first(RingPassBatch<ActT>& first, co
 
 // W = 1: the rows' scales of the readout copied by cp.async into the place of their gains
 // (DirectSmem::gain, [heads * P] at W = 1) with the prologue's staging, where the ring pass
-// (kFirstAhead) reads them: loaded by the ring pass after its sums, they were one DRAM round trip
-// more at the end of the prologue.
+// (kScalesStaged) reads them: loaded by the ring pass after its sums, they were one DRAM round
+// trip more at the end of the prologue.
 template <Mode kMode>
 __device__ __forceinline__ void direct_stage_scales(float* gain, const SlotSections& sec, int h0,
                                                     int P, int heads) {
@@ -214,14 +214,15 @@ __device__ __forceinline__ void direct_stage_scales(float* gain, const SlotSecti
 // each a pass over the entries (8 kJ accumulators: the DirectReader's first tiles are held in
 // registers through this). The window's x (k >= c) is read from the ring, where this block wrote
 // it before the barrier that precedes the call; w_jk is 0 for k > i, so every pass sums k < m.
-// kFirstAhead (W = 1): the first batch of the thread's first vector is `first`
-// (direct_ring_first), and the rows' scales are in the gains' place (direct_stage_scales).
-template <Mode kMode, typename ActT, int kW, bool kFirstAhead = false>
+// W = 1 only: kScalesStaged, the rows' scales are in the gains' place (direct_stage_scales);
+// kFirstAhead, the first batch of the thread's first vector is `first` (direct_ring_first).
+template <Mode kMode, typename ActT, int kW, bool kScalesStaged = false, bool kFirstAhead = false>
 __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const StepSmem& sm,
                                                  const DirectSmem& ds, const SlotSections& sec,
                                                  const SlotCursors& after, int h0, int m,
                                                  const RingPassBatch<ActT>* first = nullptr) {
-  static_assert(!kFirstAhead || kW == 1, "the first batch ahead: one window group");
+  static_assert((!kScalesStaged && !kFirstAhead) || kW == 1,
+                "staged scales and the first batch ahead: W = 1 (one window group)");
   constexpr int kJ = kW < 2 ? kW : 2;
   using Batch = RingPassBatch<ActT>;
   const int P = p.P, L = p.L, W = p.tokens;
@@ -269,7 +270,7 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
           for (int i = 0; i < 8; ++i) acc[jj][i] += __shfl_xor_sync(0xffffffffu, acc[jj][i], o);
       if (v < vectors && j == 0) {
         float s[8];
-        if constexpr (kFirstAhead)  // staged in the gains' place (direct_stage_scales)
+        if constexpr (kScalesStaged)  // in the gains' place (direct_stage_scales)
           load8(ds.gain + r0, s);
         else
           load8(scales + r0, s);

@@ -216,9 +216,12 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
     }
   }
   // The direct readout at W = 1: its ring pass's row scales with the staging
-  // (direct_stage_scales), and its first entries' x after it (direct_ring_first).
-  constexpr bool kRingFirstAhead = kDirect && kW == 1;
-  if constexpr (kRingFirstAhead) {
+  // (direct_stage_scales), and with 8-bit codes its first entries' x after it (direct_ring_first).
+  // The nvfp4 reader holds 4 tiles of codes and their block scales through the prologue: with
+  // the first entries' x too, its W = 1 bf16 kernels spilled 76 bytes (sm_90a, -Xptxas -v).
+  constexpr bool kRingScalesStaged = kDirect && kW == 1;
+  constexpr bool kRingFirstAhead = kRingScalesStaged && kMode != Mode::separate_nvfp4;
+  if constexpr (kRingScalesStaged) {
     direct_stage_scales<kMode>(DirectSmem::carve(stages, p.heads_per_block, P, kW, false).gain, sec,
                                h0, P, p.heads_per_block);
     if constexpr (!(kDirect && sizeof(ActT) == 2)) cp_async_commit();  // else with kRawStage's
@@ -343,7 +346,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       }
     }
   }
-  if constexpr (kRawStage || kRingFirstAhead) cp_async_wait<0>();
+  if constexpr (kRawStage || kRingScalesStaged) cp_async_wait<0>();
   __syncthreads();
   // W = 1: the ring pass's first entries are loaded now, so that their round trip overlaps the
   // dots and the weights (direct_ring_first). The window's x, which this block wrote to the ring
@@ -476,7 +479,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         return;
       }
     }
-    direct_ring_pass<kMode, ActT, kW, kRingFirstAhead>(p, sm, ds, sec, after, h0, m, &ring_first);
+    direct_ring_pass<kMode, ActT, kW, kRingScalesStaged, kRingFirstAhead>(p, sm, ds, sec, after, h0,
+                                                                          m, &ring_first);
     __syncthreads();  // gain, ring
     // This block has read all it reads of the ring (the walk reads only the checkpoint), so it
     // arrives now (early_arrival's reasoning), and the entry's last block advances the cursors
