@@ -227,12 +227,11 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   using Batch = RingPassBatch<ActT>;
   const int P = p.P, L = p.L, W = p.tokens;
   const RingPassLanes lanes(p);
-  const int vectors = lanes.vectors, split = lanes.split, j = lanes.j;
+  const int vectors = lanes.vectors, split = lanes.split, j = lanes.j, per_pass = lanes.per_pass;
   const int64_t entry_stride = int64_t(p.H) * P;  // ring x [L, H, P]
   const ActT* x0 = ring_pass_x0<ActT>(sec, h0, P);
   const float* scales = readout_scales<kMode>(sec) + int64_t(h0) * P;
-  for (int v0 = 0; v0 < vectors;
-       v0 += lanes.per_pass) {  // uniform: every lane reaches the shuffles
+  for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
     const int v = v0 + threadIdx.x / split, r0 = 8 * v, hh = r0 / P;
     for (int j0 = 0; j0 < W; j0 += kJ) {
       float acc[kJ][8];
