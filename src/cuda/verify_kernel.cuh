@@ -215,17 +215,6 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
           t < delta_pairs && k < m ? entry_delta_raw(p, sec, after, b, h0 + hh, k) : 0.f;
     }
   }
-  // The direct readout at W = 1: its ring pass's row scales with the staging
-  // (direct_stage_scales), and with 8-bit codes its first entries' x after it (direct_ring_first).
-  // The nvfp4 reader holds 4 tiles of codes and their block scales through the prologue: with
-  // the first entries' x too, its W = 1 bf16 kernels spilled 76 bytes (sm_90a, -Xptxas -v).
-  constexpr bool kRingScalesStaged = kDirect && kW == 1;
-  constexpr bool kRingFirstAhead = kRingScalesStaged && kMode != Mode::separate_nvfp4;
-  if constexpr (kRingScalesStaged) {
-    direct_stage_scales<kMode>(DirectSmem::carve(stages, p.heads_per_block, P, kW, false).gain, sec,
-                               h0, P, p.heads_per_block);
-    if constexpr (!(kDirect && sizeof(ActT) == 2)) cp_async_commit();  // else with kRawStage's
-  }
   // ---- shared by the heads of the group: B of the entries, C of the window, B_k . C_j
   // The direct readout with 16-bit activations (kRawStage) copies B and C as they are, by
   // cp.async into the space of sm.B and sm.C: every row's copy is in flight at once, where the
@@ -235,6 +224,17 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   constexpr bool kRawStage = kDirect && sizeof(ActT) == 2;
   uint16_t* const b_raw = reinterpret_cast<uint16_t*>(sm.B);  // [L, N] (kRawStage)
   uint16_t* const c_raw = reinterpret_cast<uint16_t*>(sm.C);  // [W, N]
+  // The direct readout at W = 1: its ring pass's row scales with the staging
+  // (direct_stage_scales), and with 8-bit codes its first entries' x after it (direct_ring_first).
+  // The nvfp4 reader holds 4 tiles of codes and their block scales through the prologue: with
+  // the first entries' x too, its W = 1 bf16 kernels spilled 76 bytes (sm_90a, -Xptxas -v).
+  constexpr bool kRingScalesStaged = kDirect && kW == 1;
+  constexpr bool kRingFirstAhead = kRingScalesStaged && kMode != Mode::separate_nvfp4;
+  if constexpr (kRingScalesStaged) {
+    direct_stage_scales<kMode>(DirectSmem::carve(stages, p.heads_per_block, P, kW, false).gain, sec,
+                               h0, P, p.heads_per_block);
+    if constexpr (!kRawStage) cp_async_commit();  // else in the raw staging's group below
+  }
   if constexpr (kRawStage) {
     // Rows 0..m-1 are the entries' B (committed from the ring, then the window's), rows m.. the
     // window's C; N / 8 vectors of 16 bytes per row (N a power of two).
