@@ -230,7 +230,8 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
   const int vectors = lanes.vectors, split = lanes.split, j = lanes.j, per_pass = lanes.per_pass;
   const int64_t entry_stride = int64_t(p.H) * P;  // ring x [L, H, P]
   const ActT* x0 = ring_pass_x0<ActT>(sec, h0, P);
-  const float* scales = readout_scales<kMode>(sec) + int64_t(h0) * P;
+  // The rows' scales: in the gains' place when staged (direct_stage_scales), else the checkpoint's.
+  const float* scales = kScalesStaged ? ds.gain : readout_scales<kMode>(sec) + int64_t(h0) * P;
   for (int v0 = 0; v0 < vectors; v0 += per_pass) {  // uniform: every lane reaches the shuffles
     const int v = v0 + threadIdx.x / split, r0 = 8 * v, hh = r0 / P;
     for (int j0 = 0; j0 < W; j0 += kJ) {
@@ -269,10 +270,7 @@ __device__ __forceinline__ void direct_ring_pass(const ReplayParams& p, const St
           for (int i = 0; i < 8; ++i) acc[jj][i] += __shfl_xor_sync(0xffffffffu, acc[jj][i], o);
       if (v < vectors && j == 0) {
         float s[8];
-        if constexpr (kScalesStaged)  // in the gains' place (direct_stage_scales)
-          load8(ds.gain + r0, s);
-        else
-          load8(scales + r0, s);
+        load8(scales + r0, s);
         if constexpr (kW == 1) {
           // Two 16-byte stores per array (2-way bank conflicts): 8 scalar stores per lane, the
           // lanes' rows 8 floats apart, were 8-way conflicts (H200 session 40, ncu, W = 1 batch
