@@ -17,8 +17,13 @@ and how much its walk. Usage (docs/cuda.md, "Running on the GPU machine"):
 
 (`-s 40` skips the bench's phase-spreading pre-steps, so that a timed step's launch is sampled.)
 
+Each region also says how many instructions a warp executes in it (its instructions' executed
+counts over the kernel's first instruction's, the number of warps), and the kernel's instructions
+per warp are split by opcode: the instruction mix, where a kernel that issues every cycle spends
+its time.
+
 `--kernel I` picks the I-th kernel of the page (1-based, default 1), `--top N` the number of
-instructions listed (default 12).
+instructions listed (default 12), `--opcodes N` the number of opcodes (default 16).
 """
 import argparse
 import csv
@@ -85,11 +90,23 @@ def regions(code):
     return out
 
 
-def summary(name, code, top):
+def opcode(source):
+    """The opcode of a SASS line without its predicate and modifiers: "@!P0 IMAD.WIDE.U32 R2, ..."
+    -> "IMAD"."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def summary(name, code, top, opcodes=16):
     """The report's lines for one kernel."""
     total = sum(i["samples"] for i in code)
+    executed = sum(i["executed"] for i in code)
+    warps = code[0]["executed"] if code else 0
+    per_warp = lambda n: f"{n / warps:.1f}" if warps else "?"
     lines = [f"kernel: {name}", f"warp-state samples: {total}, instructions executed: "
-             f"{sum(i['executed'] for i in code)}"]
+             f"{executed} ({per_warp(executed)} per warp of {warps})"]
     if total == 0:
         return lines + ["no samples (was WarpStateStats collected?)"]
     pct = lambda n: f"{100.0 * n / total:5.1f}%"
@@ -108,11 +125,19 @@ def summary(name, code, top):
             other += n
             continue
         runs = max(i["executed"] for i in code[first:last + 1]) if loop else code[0]["executed"]
+        count = sum(i["executed"] for i in code[first:last + 1])
         lines.append(f"  {pct(n)}  {'loop  ' if loop else 'linear'} {first}-{last} "
                      f"({code[first]['address']}..{code[last]['address']}), "
-                     f"executed up to {runs} times")
+                     f"executed up to {runs} times, {per_warp(count)} instructions per warp")
     if other:
         lines.append(f"  {pct(other)}  regions under 1% each")
+    mix = {}
+    for ins in code:
+        op = opcode(ins["source"])
+        mix[op] = mix.get(op, 0) + ins["executed"]
+    ranked_ops = sorted(mix.items(), key=lambda t: -t[1])[:opcodes]
+    lines.append("by opcode (instructions per warp): " +
+                 ", ".join(f"{op} {per_warp(n)}" for op, n in ranked_ops if n > 0))
     lines.append(f"top {top} instructions by samples:")
     ranked = sorted(range(len(code)), key=lambda i: -code[i]["samples"])[:top]
     for i in ranked:
@@ -130,12 +155,13 @@ def main(argv=None):
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--kernel", type=int, default=1, help="which kernel of the page (1-based)")
     ap.add_argument("--top", type=int, default=12, help="instructions to list")
+    ap.add_argument("--opcodes", type=int, default=16, help="opcodes of the mix to list")
     args = ap.parse_args(argv)
     kernels = read_kernels(args.csv)
     if not 1 <= args.kernel <= len(kernels):
         sys.exit(f"ncu_source_summary: --kernel {args.kernel}: the page has {len(kernels)}")
     name, code = kernels[args.kernel - 1]
-    print("\n".join(summary(name, code, args.top)))
+    print("\n".join(summary(name, code, args.top, args.opcodes)))
 
 
 if __name__ == "__main__":

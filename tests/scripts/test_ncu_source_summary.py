@@ -63,6 +63,17 @@ class NcuSourceSummary(ScriptTestCase):
         self.assertIn("[4] @P1 BRA 0x40", top[1])
         self.assertIn("mostly long_sb", top[1])
 
+    def test_counts_instructions_per_warp_by_region_and_opcode(self):
+        _, out, _ = self.run_main(self.page(), "--opcodes", "3")
+        # 4 warps (the first instruction's count); 142 instructions executed in all.
+        self.assertIn("instructions executed: 142 (35.5 per warp of 4)", out)
+        self.assertIn("executed up to 64 times, 32.0 instructions per warp", out)  # 32 + 32 + 64
+        self.assertIn("executed up to 4 times, 2.5 instructions per warp", out)  # 4 + 4 + 2
+        # FFMA 64, LDG 4 + 32 (the two loads), BRA 32 (predicated, so its predicate is dropped).
+        self.assertIn("by opcode (instructions per warp): FFMA 16.0, LDG 9.0, BRA 8.0\n", out)
+        self.assertEqual(ns.opcode("@!P0 IMAD.WIDE.U32 R2, R3, 0x4, RZ"), "IMAD")
+        self.assertEqual(ns.opcode("  EXIT"), "EXIT")
+
     def test_picks_another_kernel(self):
         _, out, _ = self.run_main(self.page(), "--kernel", "2")
         self.assertIn("kernel: void k2()", out)
