@@ -124,7 +124,7 @@ def summary(name, code, top, opcodes=16):
         if n < 0.01 * total:
             other += n
             continue
-        runs = max(i["executed"] for i in code[first:last + 1]) if loop else code[0]["executed"]
+        runs = max(i["executed"] for i in code[first:last + 1]) if loop else warps
         count = sum(i["executed"] for i in code[first:last + 1])
         lines.append(f"  {pct(n)}  {'loop  ' if loop else 'linear'} {first}-{last} "
                      f"({code[first]['address']}..{code[last]['address']}), "
