@@ -26,6 +26,7 @@ its time.
 instructions listed (default 12), `--opcodes N` the number of opcodes (default 16).
 """
 import argparse
+import collections
 import csv
 import sys
 
@@ -131,11 +132,10 @@ def summary(name, code, top, opcodes=16):
                      f"executed up to {runs} times, {per_warp(count)} instructions per warp")
     if other:
         lines.append(f"  {pct(other)}  regions under 1% each")
-    mix = {}
+    mix = collections.Counter()
     for ins in code:
-        op = opcode(ins["source"])
-        mix[op] = mix.get(op, 0) + ins["executed"]
-    ranked_ops = sorted(mix.items(), key=lambda t: -t[1])[:opcodes]
+        mix[opcode(ins["source"])] += ins["executed"]
+    ranked_ops = mix.most_common(opcodes)
     lines.append("by opcode (instructions per warp): " +
                  ", ".join(f"{op} {per_warp(n)}" for op, n in ranked_ops if n > 0))
     lines.append(f"top {top} instructions by samples:")
