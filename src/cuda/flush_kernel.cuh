@@ -64,6 +64,21 @@ inline bool flush_splits_rows(int batch, int tokens, int L, int H, int grid) {
 inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) {
   return flush_expected_entries(batch, tokens, L) * H <= grid;
 }
+// The whole-head flush's grid: no more blocks than the step's (entry, head) items (batch x H) nor
+// than are resident (`resident`, all that fit). separate-fp8's autoregressive steps (one token per
+// slot) take at most 2 blocks per SM, not the 4 that fit, so that the chained verify's blocks (128
+// registers each) find room on every SM from the start and read the checkpoints while the flush
+// (instruction-bound: 0.55 issued per scheduler, session 62's ncu) computes, at the cost of a
+// longer flush. H100 session 62 (bench/results/2026-12-06-h100-session62.md, the cap as a knob,
+// same program): W = 1 batch 64 48.1 -> 47.7 us, batch 256 174.8 -> 169.8. Not at W = 8, where
+// the flush is most of the step (+25%), nor separate-nvfp4 (its one-round shape needs the full
+// grid: +14%), nor shared-fp8 (+4.5% at batch 64).
+inline int flush_whole_head_grid(Mode mode, int batch, int tokens, int H, int resident,
+                                 int sm_count) {
+  const int cap =
+      mode == Mode::separate_fp8 && tokens == 1 ? std::min(resident, 2 * sm_count) : resident;
+  return int(std::min<int64_t>(int64_t(batch) * H, cap));
+}
 
 // kShortSr: the caller knows r <= kSrByteMaxBits (8: encode8_f16_sr's short form only, a byte of
 // a draw per element) and N % 16 == 0, so that the two lanes of a draw group share its draws

@@ -71,10 +71,11 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
                   flush_fits_one_round(p.batch, p.tokens, p.L, p.H, lc.flush_grid[1]);
     }
     const int resident = lc.flush_grid[one_round ? 1 : 0];
-    // The whole-head form never has more items than batch x H; the chunked one splits them over
-    // as many blocks as the device holds (batch 1 to 4 with W > 1: 128 items of nemotron-h-8b
-    // would otherwise stay whole on a grid of 128 blocks).
-    const int grid = chunked ? resident : std::min(p.batch * p.H, resident);
+    // The chunked form splits its items over as many blocks as the device holds (batch 1 to 4
+    // with W > 1: 128 items of nemotron-h-8b would otherwise stay whole on a grid of 128 blocks).
+    const int grid =
+        chunked ? resident
+                : flush_whole_head_grid(kMode, p.batch, p.tokens, p.H, resident, lc.sm_count);
     auto run = [&](auto kernel) {
       allow_dynamic_smem(kernel, lc.smem_fold);
       launch(lc, kernel, grid, kFlushThreads, lc.smem_fold, p);
