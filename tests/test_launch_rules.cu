@@ -222,4 +222,28 @@ TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
 }
 
 }  // namespace
+// The whole-head flush's grid (flush_whole_head_grid): never more blocks than the step's (entry,
+// head) items or than are resident; separate-fp8's autoregressive steps at most 2 per SM, the
+// rest all that fit (bench/results/2026-12-07-*-session64.md).
+TEST(LaunchRules, FlushWholeHeadGrid) {
+  const int resident = 4 * kSms;  // separate-fp8's 4 blocks per SM
+  for (const ModelPreset& preset : model_presets())
+    for (int batch : {1, 2, 4, 16, 64, 256, 512})
+      for (int window : {1, 2, 8})
+        for (const Mode mode : kModes) {
+          const int items = batch * preset.shape.nheads;
+          const int grid =
+              flush_whole_head_grid(mode, batch, window, preset.shape.nheads, resident, kSms);
+          const bool capped = mode == Mode::separate_fp8 && window == 1;
+          EXPECT_EQ(grid, std::min(items, capped ? 2 * kSms : resident))
+              << preset.name << " batch " << batch << " W " << window << " " << mode_name(mode);
+        }
+  // nemotron-h-8b (128 heads): batch 64 at W = 1 on 264 blocks, at W = 8 on all 528; batch 1 on
+  // its 128 items.
+  EXPECT_EQ(flush_whole_head_grid(Mode::separate_fp8, 64, 1, 128, resident, kSms), 264);
+  EXPECT_EQ(flush_whole_head_grid(Mode::separate_fp8, 64, 8, 128, resident, kSms), 528);
+  EXPECT_EQ(flush_whole_head_grid(Mode::separate_nvfp4, 64, 1, 128, resident, kSms), 528);
+  EXPECT_EQ(flush_whole_head_grid(Mode::separate_fp8, 1, 1, 128, resident, kSms), 128);
+}
+
 }  // namespace replayssm::cuda
