@@ -221,10 +221,9 @@ TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
   EXPECT_TRUE(one_launch(nano, 8, Mode::bf16));
 }
 
-}  // namespace
 // The whole-head flush's grid (flush_whole_head_grid): never more blocks than the step's (entry,
 // head) items or than are resident; separate-fp8's autoregressive steps at most 2 per SM, the
-// rest all that fit (bench/results/2026-12-07-*-session64.md).
+// rest all that fit (bench/results/2026-12-07-h100-session64.md).
 TEST(LaunchRules, FlushWholeHeadGrid) {
   const int resident = 4 * kSms;  // separate-fp8's 4 blocks per SM
   for (const ModelPreset& preset : model_presets())
@@ -246,4 +245,5 @@ TEST(LaunchRules, FlushWholeHeadGrid) {
   EXPECT_EQ(flush_whole_head_grid(Mode::separate_fp8, 1, 1, 128, resident, kSms), 128);
 }
 
+}  // namespace
 }  // namespace replayssm::cuda

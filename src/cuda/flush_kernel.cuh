@@ -69,8 +69,9 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 // slot) take at most 2 blocks per SM, not the 4 that fit, so that the chained verify's blocks (128
 // registers each) find room on every SM from the start and read the checkpoints while the flush
 // (instruction-bound: 0.55 issued per scheduler, session 62's ncu) computes, at the cost of a
-// longer flush. H100 session 62 (bench/results/2026-12-06-h100-session62.md, the cap as a knob,
-// same program): W = 1 batch 64 48.1 -> 47.7 us, batch 256 174.8 -> 169.8. Not at W = 8, where
+// longer flush. H100, session 64 (bench/results/2026-12-07-h100-session64.md, against main's
+// program in the same calls): W = 1 batch 64 48.2 -> 47.4 us, batch 256 174.5 -> 169.7. Session
+// 62 (-h100-session62.md, the cap as a knob) found it the one cell that gains: not at W = 8, where
 // the flush is most of the step (+25%), nor separate-nvfp4 (its one-round shape needs the full
 // grid: +14%), nor shared-fp8 (+4.5% at batch 64).
 inline int flush_whole_head_grid(Mode mode, int batch, int tokens, int H, int resident,
