@@ -66,7 +66,7 @@ inline bool flush_fits_one_round(int batch, int tokens, int L, int H, int grid) 
 }
 // The whole-head flush's grid: no more blocks than the step's (entry, head) items (batch x H) nor
 // than are resident (`resident`, all that fit). separate-fp8's autoregressive steps (one token per
-// slot) take at most 2 blocks per SM, not the 4 that fit, so that the chained verify's blocks (128
+// slot) take at most 2 blocks per SM, not the 4 that fit, so that the chained verify's blocks (124
 // registers each) find room on every SM from the start and read the checkpoints while the flush
 // (instruction-bound: 0.55 issued per scheduler, session 62's ncu) computes, at the cost of a
 // longer flush. H100, session 64 (bench/results/2026-12-07-h100-session64.md, against main's
