@@ -92,9 +92,34 @@ def parse_set(text):
     return label, runs
 
 
+# A bench output's settings that change what its rows measure. Rows are matched by (name, batch,
+# window) only, so runs pooled into one mean must agree on these: session 61's README table
+# averaged its history-16 and history-32 runs this way before the check existed.
+RUN_SETTINGS = ("backend", "shape", "history", "phases", "cold_cache", "accept_mean",
+                "accept_window")
+
+
+def check_same_settings(runs):
+    """Raises InputError naming each setting that differs between the runs (a cut-short run's
+    stderr states none and agrees with any)."""
+    differing = []
+    for setting in RUN_SETTINGS:
+        values = []
+        for data in runs:
+            value = data.get(setting)
+            if value is not None and value not in values:
+                values.append(value)
+        if len(values) > 1:
+            differing.append(f"{setting} " + " / ".join(json.dumps(v) for v in values))
+    if differing:
+        raise InputError("the runs pooled into one mean differ in " + "; ".join(differing) +
+                         ": select runs of one setting (FILE:TEXT, or bench_table's --history)")
+
+
 def config_times(runs, field="us_per_step"):
     """(name, batch, window) -> [the row's `field` (us_per_step) of each run], in the order the
-    runs list them."""
+    runs list them. The runs must share their settings (check_same_settings)."""
+    check_same_settings(runs)
     times = {}
     for data in runs:
         for row in data["rows"]:

@@ -85,6 +85,28 @@ class BenchCompare(ScriptTestCase):
                 self.assertEqual(rc, 2)
                 self.assertIn(message, stderr)
 
+    def test_runs_of_other_settings_are_not_pooled(self):
+        rep = ("replay separate-fp8", 64, 8)
+        h16 = dict(bench({rep: 109.0}), history=16, shape=[128, 64, 128, 8])
+        h32 = dict(bench({rep: 112.8}), history=32, shape=[128, 64, 128, 8])
+        nano = dict(bench({rep: 90.0}), history=16, shape=[96, 80, 128, 8])
+        cut = self.write("cut.err", "[bench] replay separate-fp8, batch 64, W 8: 110.0 us/step\n")
+        # Runs of one setting pool, and a cut-short run's stderr (no settings) pools with them.
+        path = self.write("same.json", {"r1": h16, "r2": dict(h16)})
+        rows, _ = bc.compare([bc.parse_set(f"a={path},{cut}")])
+        self.assertEqual(rows[0][3][0][1], 3)
+        # Sets may differ from each other: that is what an A/B of a setting compares.
+        rows, _ = bc.compare([bc.parse_set(f"h16={self.write('a.json', h16)}"),
+                              bc.parse_set(f"h32={self.write('b.json', h32)}")])
+        self.assertAlmostEqual(rows[0][4][0], 100.0 * (112.8 - 109.0) / 109.0)
+        for runs, message in (({"r1": h16, "r2": h32}, "differ in history 16 / 32"),
+                              ({"r1": h16, "r2": nano},
+                               "differ in shape [128, 64, 128, 8] / [96, 80, 128, 8]")):
+            with self.subTest(message=message):
+                rc, out, err = self.run_main(f"a={self.write('mixed.json', runs)}")
+                self.assertEqual((rc, out), (2, ""))
+                self.assertIn(message, err)
+
     def test_bad_input_is_named(self):
         good = self.write("good.json", bench({("replay bf16", 1, 1): 3.0}))
         combined = self.write("c.json", {"r1-on": bench({("replay bf16", 1, 1): 3.0})})

@@ -1,6 +1,6 @@
 """scripts/bench_table.py on small bench outputs: the row order, the cells' speedups over the
 standard kernels of the same window, the copy-bandwidth fractions, means over runs, the history
-filter and the errors for bad input."""
+filter, the refusal to pool runs of different settings and the errors for bad input."""
 import unittest
 
 from script_test_util import ScriptTestCase, load_script
@@ -55,6 +55,10 @@ class BenchTable(ScriptTestCase):
         rc, out, _ = self.run_main(f"{combined}:call1-main", "--history", "32")
         self.assertEqual(rc, 0)
         self.assertIn("| replay shared-fp8, verify 4 | 20.0 |", out)
+        # Without --history the two runs' histories would be averaged into one cell.
+        rc, out, err = self.run_main(f"{combined}:call1-main")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("differ in history 32 / 16", err)
         rc, _, err = self.run_main(combined, "--history", "64")
         self.assertEqual(rc, 2)
         self.assertIn("no run of history 64", err)
