@@ -7,8 +7,9 @@ combined results file (`bench/results/*-callN.json`: an object of run key -> ben
 which `FILE:TEXT` takes the runs whose key contains TEXT, or the stderr of a run cut short
 (`.err`: its `[bench] NAME, batch B, W W: T us/step` lines, the rows measured before it stopped;
 scripts/gpu_ab_programs.sh keeps them). A set's value for a configuration (name,
-batch, window) is the mean over its runs; the run count and the spread (max - min, % of the mean)
-are shown where a set has more than one run.
+batch, window) is the mean over its runs, which must share their settings (history, shape, ...:
+RUN_SETTINGS); the run count and the spread (max - min, % of the mean) are shown where a set has
+more than one run.
 
 The standard kernels are the same code in every set, so their differences between sets are the
 noise of the comparison (other clocks, another machine, another process): the table ends with

@@ -7,7 +7,8 @@ intermediate states otherwise), a standard cell the fraction of the copy bandwid
 Each FILE is one bench output or a combined results file (run key -> bench output), of which
 `FILE:TEXT` takes the runs whose key contains TEXT (as in scripts/bench_compare.py). Where several
 runs hold a configuration, the cell is their mean and a speedup the ratio of the means. Every
-run's ratios are against the standard kernels of its own process, so pool runs of one call only.
+run's ratios are against the standard kernels of its own process, so pool runs of one call only;
+runs of different settings (history, shape, ...) are refused: select one with TEXT or --history.
 
     scripts/bench_table.py bench/results/2026-12-05-h100-session48.json:call1-main
     scripts/bench_table.py gpu-out/table.json --history 16
