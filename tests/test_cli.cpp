@@ -307,9 +307,9 @@ TEST_F(Cli, PlanCountsBytesAndRequests) {
   EXPECT_EQ(run("plan --mode separate-nvfp4 --model falcon-h1-7b").code, 0);
 }
 
-// bench -o json prints its document only at the end; stderr carries the copy bandwidth and each
-// row as it is measured, with what a run stopped by a time limit needs to be read (time, bytes,
-// bandwidth), and the same numbers as the JSON.
+// bench -o json prints its document only at the end; stderr carries the copy bandwidth, the run's
+// settings and each row as it is measured, with what a run stopped by a time limit needs to be
+// read (time, bytes, bandwidth, settings), and the same numbers as the JSON.
 TEST_F(Cli, BenchJsonRowsOnStderr) {
   const Result r =
       run("bench --backend cpu --shape 4,16,64,2 --batches 2 --windows 1 --modes fp32 --repeats 1 "
@@ -329,6 +329,19 @@ TEST_F(Cli, BenchJsonRowsOnStderr) {
         100.0 * row["gb_per_s"].get<double>() / j["copy_gb_per_s"].get<double>());
     EXPECT_NE(r.err.find(line), std::string::npos) << line << " in\n" << r.err;
   }
+  // The settings line holds the document's fields except the rows and the provenance.
+  const std::string tag = "[bench] settings ";
+  const size_t at = r.err.find(tag);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const size_t from = at + tag.size();
+  const nlohmann::json settings =
+      nlohmann::json::parse(r.err.substr(from, r.err.find('\n', from) - from));
+  nlohmann::json expected = j;
+  for (const char* key : {"rows", "replayssm_version", "commit", "command", "started_utc"})
+    expected.erase(key);
+  EXPECT_EQ(settings, expected);
+  EXPECT_EQ(settings["history"], 16);
+  EXPECT_EQ(settings["shape"], nlohmann::json({4, 16, 64, 2}));
 }
 
 // Benchmark outputs say where they came from: the version and build commit that --version prints,

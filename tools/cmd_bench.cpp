@@ -340,13 +340,31 @@ void check_against_cpu(Context& cx, Mode mode, int W) {
 
 double speedup_over(double base_us, double us) { return base_us > 0 ? base_us / us : 0.0; }
 
+// What a bench run's rows depend on besides (name, batch, window): the JSON document's fields
+// and, for a run stopped before that document, its stderr's `[bench] settings` line, so that
+// scripts/bench_compare.py can refuse to pool runs of different settings either way.
+nlohmann::json run_settings(const BenchArgs& a, const Context& cx) {
+  return {{"backend", backend_name(cx.backend)},
+          {"device", cx.device},
+          {"shape", {cx.shape.nheads, cx.shape.headdim, cx.shape.dstate, cx.shape.ngroups}},
+          {"history", a.history},
+          {"accept_mean", a.accept_mean},
+          {"accept_window", cx.accept_window},
+          {"accept_rate", cx.accept_rate},
+          {"copy_gb_per_s", cx.copy_gbs},
+          {"cold_cache", a.cold_cache},
+          {"phases", a.phases}};
+}
+
 // md and csv go out row by row, flushed: a long run shows its progress, and a run stopped by a
 // time limit keeps every row it measured. json is one document at the end (print_json); the copy
-// bandwidth and each row (time, bytes, bandwidth) are reported on stderr as they are measured.
+// bandwidth, the run's settings and each row (time, bytes, bandwidth) are reported on stderr as
+// they are measured.
 void print_header(const BenchArgs& a, const Context& cx) {
   if (a.format == "json") {
     fmt::print(stderr, "[bench] {}, copy bandwidth {:.0f} GB/s (read + write)\n", cx.device,
                cx.copy_gbs);
+    fmt::print(stderr, "[bench] settings {}\n", run_settings(a, cx).dump());
     return;
   }
   if (a.format == "csv") {
@@ -428,20 +446,9 @@ void print_json(const BenchArgs& a, const Context& cx, const std::vector<Row>& r
                    {"fraction_of_copy_bandwidth", r.bytes / r.us * 1e-3 / cx.copy_gbs},
                    {"speedup_vs_standard_fp32", speedup_over(r.fp32_us, r.us)},
                    {"speedup_vs_standard_bf16", speedup_over(r.bf16_us, r.us)}});
-  fmt::print("{}\n", with_provenance(nlohmann::json{{"backend", backend_name(cx.backend)},
-                                                    {"device", cx.device},
-                                                    {"shape",
-                                                     {cx.shape.nheads, cx.shape.headdim,
-                                                      cx.shape.dstate, cx.shape.ngroups}},
-                                                    {"history", a.history},
-                                                    {"accept_mean", a.accept_mean},
-                                                    {"accept_window", cx.accept_window},
-                                                    {"accept_rate", cx.accept_rate},
-                                                    {"copy_gb_per_s", cx.copy_gbs},
-                                                    {"cold_cache", a.cold_cache},
-                                                    {"phases", a.phases},
-                                                    {"rows", out}})
-                         .dump(2));
+  nlohmann::json doc = run_settings(a, cx);
+  doc["rows"] = out;
+  fmt::print("{}\n", with_provenance(doc).dump(2));
 }
 
 void run_bench(const BenchArgs& a) {
