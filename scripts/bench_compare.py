@@ -5,11 +5,11 @@ in each set of runs, and the change against the first set.
 Each SET is `LABEL=FILE[,FILE...]`. A FILE is one bench output (`replayssm bench -o json`) or a
 combined results file (`bench/results/*-callN.json`: an object of run key -> bench output), of
 which `FILE:TEXT` takes the runs whose key contains TEXT, or the stderr of a run cut short
-(`.err`: its `[bench] NAME, batch B, W W: T us/step` lines, the rows measured before it stopped;
-scripts/gpu_ab_programs.sh keeps them). A set's value for a configuration (name,
-batch, window) is the mean over its runs, which must share their settings (history, shape, ...:
-RUN_SETTINGS); the run count and the spread (max - min, % of the mean) are shown where a set has
-more than one run.
+(`.err`: its `[bench] NAME, batch B, W W: T us/step` lines, the rows measured before it stopped,
+and its `[bench] settings {...}` line; scripts/gpu_ab_programs.sh keeps them). A set's value for
+a configuration (name, batch, window) is the mean over its runs, which must share their settings
+(history, shape, ...: RUN_SETTINGS); the run count and the spread (max - min, % of the mean) are
+shown where a set has more than one run.
 
 The standard kernels are the same code in every set, so their differences between sets are the
 noise of the comparison (other clocks, another machine, another process): the table ends with
@@ -32,12 +32,15 @@ class InputError(Exception):
     """A set or file that cannot be read, with what is wrong with it."""
 
 
-# A row as `replayssm bench` reports it on stderr while it runs (tools/cmd_bench.cpp).
+# A row as `replayssm bench` reports it on stderr while it runs (tools/cmd_bench.cpp), and the
+# run's settings (the JSON document's fields but the rows), printed before the first row.
 BENCH_LINE = re.compile(r"^\[bench\] (.+), batch (\d+), W (\d+): ([0-9.]+) us/step")
+SETTINGS_LINE = re.compile(r"^\[bench\] settings (\{.*\})$")
 
 
 def stderr_rows(path):
-    """The bench output of a run known only by its stderr: the rows its `[bench]` lines name."""
+    """The bench output of a run known only by its stderr: the rows its `[bench]` lines name,
+    with the settings of its `[bench] settings` line (none from a bench older than that line)."""
     try:
         with open(path) as f:
             lines = f.read().splitlines()
@@ -47,7 +50,15 @@ def stderr_rows(path):
             for m in map(BENCH_LINE.match, lines) if m]
     if not rows:
         raise InputError(f"{path}: no '[bench] NAME, batch B, W W: T us/step' line")
-    return {"rows": rows}
+    output = {}
+    for m in filter(None, map(SETTINGS_LINE.match, lines)):
+        try:
+            settings = json.loads(m[1])
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: its '[bench] settings' line is not JSON ({e.msg})")
+        output.update(settings)
+    output["rows"] = rows
+    return output
 
 
 def bench_outputs(path, key_filter=None):
@@ -101,8 +112,8 @@ RUN_SETTINGS = ("backend", "shape", "history", "phases", "cold_cache", "accept_m
 
 
 def check_same_settings(runs):
-    """Raises InputError naming each setting that differs between the runs (a cut-short run's
-    stderr states none and agrees with any)."""
+    """Raises InputError naming each setting that differs between the runs (a setting a run
+    does not state, as in the stderr of a bench older than its settings line, agrees with any)."""
     differing = []
     for setting in RUN_SETTINGS:
         values = []

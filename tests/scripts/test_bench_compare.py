@@ -1,6 +1,7 @@
 """scripts/bench_compare.py on small bench outputs: means, changes, spreads, the standard kernels'
 noise, combined results files and their key filter, a cut-short run's stderr, and the errors for
 bad input."""
+import json
 import unittest
 
 from script_test_util import ScriptTestCase, load_script
@@ -99,6 +100,21 @@ class BenchCompare(ScriptTestCase):
         rows, _ = bc.compare([bc.parse_set(f"h16={self.write('a.json', h16)}"),
                               bc.parse_set(f"h32={self.write('b.json', h32)}")])
         self.assertAlmostEqual(rows[0][4][0], 100.0 * (112.8 - 109.0) / 109.0)
+        # A cut-short run's settings line counts like a document's fields.
+        settings = json.dumps({"backend": "cuda", "history": 32, "shape": [128, 64, 128, 8]})
+        cut32 = self.write("cut32.err", f"[bench] settings {settings}\n"
+                           "[bench] replay separate-fp8, batch 64, W 8: 112.0 us/step\n")
+        self.assertEqual(bc.stderr_rows(cut32)["history"], 32)
+        rows, _ = bc.compare([bc.parse_set(f"a={self.write('h32.json', h32)},{cut32}")])
+        self.assertEqual(rows[0][3][0][1], 2)
+        rc, out, err = self.run_main(f"a={self.write('h16.json', h16)},{cut32}")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("differ in history 16 / 32", err)
+        bad = self.write("bad.err", "[bench] settings {history: 16}\n"
+                         "[bench] replay separate-fp8, batch 64, W 8: 110.0 us/step\n")
+        rc, out, err = self.run_main(f"a={bad}")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("its '[bench] settings' line is not JSON", err)
         for runs, message in (({"r1": h16, "r2": h32}, "differ in history 16 / 32"),
                               ({"r1": h16, "r2": nano},
                                "differ in shape [128, 64, 128, 8] / [96, 80, 128, 8]")):
