@@ -33,7 +33,8 @@ class InputError(Exception):
 
 
 # A row as `replayssm bench` reports it on stderr while it runs (tools/cmd_bench.cpp), and the
-# run's settings (the JSON document's fields but the rows), printed before the first row.
+# run's settings (the JSON document's fields but the rows and the provenance), printed before
+# the first row.
 BENCH_LINE = re.compile(r"^\[bench\] (.+), batch (\d+), W (\d+): ([0-9.]+) us/step")
 SETTINGS_LINE = re.compile(r"^\[bench\] settings (\{.*\})$")
 
