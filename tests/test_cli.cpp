@@ -333,6 +333,7 @@ TEST_F(Cli, BenchJsonRowsOnStderr) {
   const std::string tag = "[bench] settings ";
   const size_t at = r.err.find(tag);
   ASSERT_NE(at, std::string::npos) << r.err;
+  EXPECT_LT(at, r.err.find(", batch 2, W 1: ")) << "a run cut short needs it before its rows";
   const size_t from = at + tag.size();
   const nlohmann::json settings =
       nlohmann::json::parse(r.err.substr(from, r.err.find('\n', from) - from));
