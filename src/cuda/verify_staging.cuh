@@ -369,4 +369,17 @@ __device__ __forceinline__ void finish_arrived_verify(const ReplayParams& p, int
   finish_entry<ActT, false>(p, b, slot, validated, WindowAppend::none);
 }
 
+// The end of a chained verify block that reads the ring until its end (the ring term on the
+// tensor cores, W > 1, and the staged readout): the entry's first block finishes the entry from
+// `validated`, the entry's copy made by validate_tokens. No block of verify_kernel or flush_kernel
+// reads the slot's cursors, and the next step's validate_tokens waits for this grid to complete,
+// so one block may write them at any point: no arrival counter, barrier, fence or atomic round
+// trip at the end of every block.
+template <typename ActT>
+__device__ __forceinline__ void finish_chained_verify(const ReplayParams& p, int b, int slot,
+                                                      const SlotCursors& validated) {
+  if ((threadIdx.x | blockIdx.x | blockIdx.y) != 0) return;
+  finish_entry<ActT, false>(p, b, slot, validated, WindowAppend::none);
+}
+
 }  // namespace replayssm::cuda
