@@ -248,7 +248,7 @@ class CudaBackend final : public CacheBackend {
 
   void verify(const TokenBatch& batch) override { launch_verify(batch, false); }
 
-  // The verify kernel's last block of each entry commits the token as it advances the cursors:
+  // The verify kernel's block that advances an entry's cursors commits the token too:
   // three launches per step (validate, flush, verify; no commit kernel), one at small batches.
   void decode(const TokenBatch& batch) override {
     check(batch.tokens == 1, "cuda backend: decode takes one token, got ", batch.tokens);

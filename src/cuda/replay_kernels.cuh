@@ -9,7 +9,7 @@
 //   verify           for j = 0..W-1 at logical position i = c' + j:
 //                      y_j = exp(A L_i) * scale * sum_n R[p,n] C_j[n]   (R: read checkpoint values)
 //                          + sum_{k <= i} delta_k exp(A (L_i - L_k)) (B_k . C_j) x_k[p] + D x_j[p]
-//                    the window's ring x, delta and B, and (the last block of each entry) the
+//                    the window's ring x, delta and B, and (one block of each entry) the
 //                    cursors
 // Decode steps (W = 1) of small batches run as one launch of small_step_kernel, a block per
 // (entry, head): each block validates its entry and folds its own head where the entry flushes.

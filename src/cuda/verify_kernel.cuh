@@ -206,14 +206,6 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
       const int u = threadIdx.x + q * blockDim.x;
       if (u < window_vectors) x_ahead[q] = *window_x(u, false);
     }
-    if constexpr (kW > 1) {
-      // The window's x past the kXAhead vectors per thread (W > 4 at 16 heads per block), which
-      // the staging loads only once the part above is stored, hinted into L2 now: its loads
-      // there were a DRAM round trip of their own.
-      for (int j = threadIdx.x; j < W; j += blockDim.x)
-        if ((j + 1) * x_vectors > kXAhead * int(blockDim.x))
-          bulk_prefetch_l2(window_x(j * x_vectors, false), uint32_t(x_vectors) * 16);
-    }
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int t = threadIdx.x + q * blockDim.x, hh = t >> log2_L, k = t & (L - 1);
