@@ -420,13 +420,12 @@ class CudaBackend final : public CacheBackend {
   void ensure_flush_list(int batch) {
     if (batch <= flush_list_capacity_) return;
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
-    flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 2));       // zeroed
+    flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));       // zeroed
     flush_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     verify_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.arrivals = flush_list_.get() + 1;
-    base_.flush_done = flush_list_.get() + 1 + batch;
     base_.flush_list = flush_entries_.get();
     base_.entries = verify_entries_.get();
   }
@@ -505,8 +504,8 @@ class CudaBackend final : public CacheBackend {
   size_t smem_fold_ = 0;           // kernels that fold (flush, prefill, dense)
   size_t smem_verify_ = 0;         // verify_kernel, the most over the windows
   size_t verify_stage_bytes_ = 0;  // its checkpoint staging
-  // [2 + batch]: the flush count, the arrival counters of verify_kernel, the finished-block
-  // counter of flush_kernel; and the listed flushing entries [batch]
+  // [1 + batch]: the flush count and the arrival counters of verify_kernel; and the listed
+  // flushing entries [batch]
   DevicePtr<int32_t> flush_list_;
   DevicePtr<cuda::ValidatedEntry> flush_entries_;
   DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors

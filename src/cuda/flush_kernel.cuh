@@ -261,8 +261,9 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
   // grid (verify_kernel). After an explicit flush the next kernel is a plain launch, which this
   // does not affect.
   allow_dependent_launch();
-  // Nothing listed (most steps): every block reads 0, so none needs to count itself to the one
-  // that clears the count; the grid then exits without its same-address atomics.
+  // Nothing listed (most steps): the grid exits at once. The count is cleared for the next
+  // operation by whatever waits for this grid (verify_kernel's first block, flush_finalize_kernel),
+  // so that no block ends in a fence and an atomic to find the last one.
   if (heads == 0) return;
   float* smem = reinterpret_cast<float*>(smem_raw);
   if constexpr (kChunked) {
@@ -272,15 +273,6 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
     flush_items<kMode, ActT, kShortSr, true, false>(p, heads, chunks, smem, first);
   } else {
     flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem, first);
-  }
-  // The last block to finish (every block read the count before it got here) clears the count
-  // for the next operation, so no memset node precedes the validate kernel.
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(p.flush_done, 1) == int(gridDim.x) - 1) {
-      *p.flush_count = 0;
-      *p.flush_done = 0;
-    }
   }
 }
 

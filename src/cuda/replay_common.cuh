@@ -84,8 +84,8 @@ struct ReplayParams {
   int sr_bits, philox_rounds;
   HeadParams head;
   ValidatedEntry* flush_list;  // [B] entries that flush (listed by the validate kernels)
-  int32_t* flush_count;        // 0 before the validate kernel (flush_kernel's last block clears it)
-  int32_t* flush_done;         // flush_kernel blocks finished so far (0 between launches)
+  int32_t* flush_count;        // 0 before the validate kernel (cleared after each flush_kernel by
+                               // the kernel after it: verify_kernel, flush_finalize_kernel)
   int32_t* arrivals;           // [B] verify blocks of each entry done so far (0 between verifies)
   // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two

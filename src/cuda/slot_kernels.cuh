@@ -78,6 +78,7 @@ __global__ void validate_slots_kernel(const ReplayParams p) {
 // After an explicit flush: the cursors of every slot that flushed. One thread per batch entry.
 __global__ void flush_finalize_kernel(const ReplayParams p) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b == 0) *p.flush_count = 0;  // flush_kernel has completed: for the next operation's list
   if (b >= p.batch || !slot_ok(p, b)) return;
   const int slot = p.slots[b];
   SlotCursors cur = p.cursors[slot];

@@ -65,10 +65,15 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   static_assert(!kDirect || (has_direct_readout(kMode) && kDirectBlocks > 0),
                 "the direct readout: codes on the tensor cores, N = 64 kDirectBlocks");
   // Launched dependent on the kernel before it. The chained verify overlaps flush_kernel, which
-  // writes only the checkpoints of flushing entries (and its own counters): the blocks of those
-  // entries wait for it below, the others read nothing it writes; block 0 waits here, so that
-  // this grid cannot complete before the flush and whatever follows in the stream sees both.
-  if ((blockIdx.x | blockIdx.y | blockIdx.z) == 0) wait_for_previous_grid();
+  // writes only the checkpoints of flushing entries: the blocks of those entries wait for it
+  // below, the others read nothing it writes; block 0 waits here, so that this grid cannot
+  // complete before the flush and whatever follows in the stream sees both. That block also
+  // clears the flush count for the next step's validate_tokens: every flush block read it before
+  // the flush grid completed (flush_kernel).
+  if ((blockIdx.x | blockIdx.y | blockIdx.z) == 0) {
+    wait_for_previous_grid();
+    if (threadIdx.x == 0) *p.flush_count = 0;
+  }
   extern __shared__ float4 smem_raw[];
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
