@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     }
   }
   if (folded)
-    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before,
-                              append_x ? WindowAppend::none : WindowAppend::x_and_delta);
+    finish_verify<ActT>(p, b, slot, blocks_per_entry, &before,
+                        append_x ? WindowAppend::none : WindowAppend::x_and_delta);
   else
     finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);
 }

@@ -346,8 +346,8 @@ __global__ void __launch_bounds__(kThreads, kSmallVerifyThreads / kThreads)
   else
     readout.template operator()<4>();
   if (folded)
-    finish_verify<ActT, true>(p, b, slot, blocks_per_entry, &before,
-                              split_log2 > 0 ? WindowAppend::delta : WindowAppend::none);
+    finish_verify<ActT>(p, b, slot, blocks_per_entry, &before,
+                        split_log2 > 0 ? WindowAppend::delta : WindowAppend::none);
   else
     finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);
 }

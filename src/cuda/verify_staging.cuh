@@ -283,12 +283,12 @@ __device__ __forceinline__ void finish_entry(const ReplayParams& p, int b, int s
   }
 }
 
-// The end of a verify block: the last block of batch entry b to finish (a per-entry arrival
-// counter) advances the slot's cursors, so no block of the entry can still read the old ones
-// and no separate finalize launch is needed. In one launch (small_step_kernel,
-// small_verify_kernel), where the entry flushed (its blocks folded their heads in that kernel),
-// that whole block also appends the window's B of every group: the window's ring positions may
-// be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
+// The end of a block of the one-launch kernels (small_step_kernel, small_verify_kernel) at a step
+// that folds: the last block of batch entry b to finish (a per-entry arrival counter) advances
+// the slot's cursors, so no block of the entry can still read the old ones and no separate
+// finalize launch is needed. Where the entry flushed (its blocks folded their heads in that
+// kernel), that whole block also appends the window's B of every group: the window's ring positions
+// may be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
 // the group fold until they finish. Uniform over the block.
 // `known`: the slot's cursors as every block of the entry read them, where the caller holds them
 // (then the last block does not wait for them again). `append` (a head's rows split over several
@@ -296,7 +296,7 @@ __device__ __forceinline__ void finish_entry(const ReplayParams& p, int b, int s
 // read until they finish: the window's delta of every head, and x in small_step_kernel (whose
 // folds read the ring's x; small_verify_kernel's blocks fold from their own copies of their rows
 // and append those).
-template <typename ActT, bool kOneLaunch>
+template <typename ActT>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
                                               int blocks_per_entry,
                                               const SlotCursors* known = nullptr,
@@ -307,13 +307,9 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
     __threadfence();
     last = atomicAdd(&p.arrivals[b], 1) == blocks_per_entry - 1;
   }
-  if constexpr (kOneLaunch) {
-    if (!__syncthreads_or(last)) return;
-  } else if (!last) {
-    return;
-  }
+  if (!__syncthreads_or(last)) return;
   __threadfence();
-  finish_entry<ActT, kOneLaunch>(p, b, slot, known != nullptr ? *known : p.cursors[slot], append);
+  finish_entry<ActT, true>(p, b, slot, known != nullptr ? *known : p.cursors[slot], append);
 }
 
 // The arrival of a block of small_step_kernel or small_verify_kernel at a step that does not
