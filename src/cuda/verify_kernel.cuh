@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         with_output_type(p.y, p.y_dtype, [&](auto* y) {
           direct.template run<kW, true>(sm.c_frag, ds, y + y0, W, window_stride, &sm, P);
         });
-        finish_chained_verify<ActT>(p, b, slot, e.cursors);
+        finish_chained_verify<ActT>(p, b, slot);
         return;
       }
     }
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
         store_scalar(p.y, p.y_dtype, ((int64_t(b) * W + j_out) * H + h) * P + row0 + rr, y);
     }
   }
-  finish_chained_verify<ActT>(p, b, slot, e.cursors);
+  finish_chained_verify<ActT>(p, b, slot);
 }
 
 }  // namespace replayssm::cuda
