@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     if (int(threadIdx.x) < L) ring_delta = s.ring_delta[threadIdx.x * H + h];
   }
   SlotCursors cur = p.cursors[slot];
-  const SlotCursors before = cur;              // what finish_verify would load again
+  const SlotCursors before = cur;              // what the entry's last block finishes from
   float delta_window = head.delta(dt_window);  // while round trip 2 is out
   // The validation (validate_tokens' checks). The step's inputs this block reads, and writes into
   // the ring, are its head's x and dt and its group's B and C, all in its registers: each block
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, small_step_min_blocks(kThreads))
     }
   }
   if (folded)
-    finish_verify<ActT>(p, b, slot, blocks_per_entry, &before,
+    finish_verify<ActT>(p, b, slot, blocks_per_entry, before,
                         append_x ? WindowAppend::none : WindowAppend::x_and_delta);
   else
     finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);

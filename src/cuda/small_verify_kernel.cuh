@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, kSmallVerifyThreads / kThreads)
   cp_async_commit();
   const float ring_delta = int(threadIdx.x) < L ? sec.ring_delta[threadIdx.x * H + h] : 0.f;
   SlotCursors cur = p.cursors[slot];
-  const SlotCursors before = cur;  // what finish_verify would load again
+  const SlotCursors before = cur;  // what the entry's last block finishes from
   // Where the entry flushes, the fold's first recurrence rows too (whether the step may write is
   // known only below).
   const bool folded = verify_needs_flush(cur, W, L);
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, kSmallVerifyThreads / kThreads)
   else
     readout.template operator()<4>();
   if (folded)
-    finish_verify<ActT>(p, b, slot, blocks_per_entry, &before,
+    finish_verify<ActT>(p, b, slot, blocks_per_entry, before,
                         split_log2 > 0 ? WindowAppend::delta : WindowAppend::none);
   else
     finish_early_arrival(p, b, slot, blocks_per_entry, before, ticket);

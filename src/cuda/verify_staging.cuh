@@ -290,17 +290,15 @@ __device__ __forceinline__ void finish_entry(const ReplayParams& p, int b, int s
 // kernel), that whole block also appends the window's B of every group: the window's ring positions
 // may be those of committed entries (c + W wraps past the ring's end), whose B the other blocks of
 // the group fold until they finish. Uniform over the block.
-// `known`: the slot's cursors as every block of the entry read them, where the caller holds them
-// (then the last block does not wait for them again). `append` (a head's rows split over several
-// blocks): after a fold the last block also appends what the other blocks of a head may still
-// read until they finish: the window's delta of every head, and x in small_step_kernel (whose
-// folds read the ring's x; small_verify_kernel's blocks fold from their own copies of their rows
-// and append those).
+// `known`: the slot's cursors as every block of the entry read them (so the last block does not
+// load them again). `append` (a head's rows split over several blocks): after a fold the last
+// block also appends what the other blocks of a head may still read until they finish: the
+// window's delta of every head, and x in small_step_kernel (whose folds read the ring's x;
+// small_verify_kernel's blocks fold from their own copies of their rows and append those).
 template <typename ActT>
 __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int slot,
-                                              int blocks_per_entry,
-                                              const SlotCursors* known = nullptr,
-                                              WindowAppend append = WindowAppend::none) {
+                                              int blocks_per_entry, const SlotCursors& known,
+                                              WindowAppend append) {
   __syncthreads();  // every thread of this block is past its reads of the cursors and the ring
   bool last = false;
   if (threadIdx.x == 0) {
@@ -309,7 +307,7 @@ __device__ __forceinline__ void finish_verify(const ReplayParams& p, int b, int 
   }
   if (!__syncthreads_or(last)) return;
   __threadfence();
-  finish_entry<ActT, true>(p, b, slot, known != nullptr ? *known : p.cursors[slot], append);
+  finish_entry<ActT, true>(p, b, slot, known, append);
 }
 
 // The arrival of a block of small_step_kernel or small_verify_kernel at a step that does not
