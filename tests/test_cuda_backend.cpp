@@ -472,6 +472,23 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
     check_steps_against_cpu({16, 16, 64, 2}, 192, mode, 52, window, true);
 }
 
+// Decode steps at nemotron-h-8b's head count with a batch whose flushes take flush_kernel's
+// whole-head form (flush_splits_rows: 2 x ceil(48 / 16) x 128 items exceed the 528 blocks resident
+// on a 132-SM GPU; every smaller test above takes the chunked form at W = 1), the slots' phases
+// spread first so that each W = 1 step flushes a few of them while the others only read out:
+// the benchmark's path (separate-fp8 on the half grid, flush_whole_head_grid), whose flushing
+// entries' verify blocks wait for the flush grid. fp32 activations, and shared-fp8's full grid.
+TEST(CudaBackend, WholeHeadFlushDecodeMatchesCpu) {
+  SKIP_WITHOUT_DEVICE();
+  auto spread_then_decode = [](int step, std::mt19937_64& rng) {
+    return step < 4 ? 1 + int(rng() % 8) : 1;
+  };
+  check_steps_against_cpu({128, 64, 128, 8}, 48, Mode::separate_fp8, 16, spread_then_decode, true);
+  check_steps_against_cpu({128, 32, 128, 8}, 48, Mode::separate_fp8, 16, spread_then_decode, true,
+                          DType::f32);
+  check_steps_against_cpu({128, 32, 128, 8}, 48, Mode::shared_fp8, 16, spread_then_decode, true);
+}
+
 // The read checkpoints of 8 and 4 bits, one mode per code layout the readouts decode (e4m3 codes
 // with the carrier shared or separate, NVFP4 codes with block scales).
 constexpr Mode kCodeReadModes[] = {Mode::shared_fp8, Mode::separate_fp8, Mode::separate_nvfp4};
