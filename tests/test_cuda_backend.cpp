@@ -473,8 +473,9 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
 }
 
 // Decode steps at nemotron-h-8b's head count with a batch whose flushes take flush_kernel's
-// whole-head form (flush_splits_rows: 2 x ceil(48 / 16) x 128 items exceed the 528 blocks resident
-// on a 132-SM GPU; every other test's W = 1 flush launches take the chunked form), the slots'
+// whole-head form (flush_splits_rows: 2 x ceil(48 / 16) x 128 = 768 items exceed the flush blocks
+// resident on a 132-SM GPU, 528 in separate-fp8 at 128 registers and 660 in shared-fp8 at 96;
+// every other test's W = 1 flush launches take the chunked form), the slots'
 // phases spread first so that each W = 1 step flushes a few of them while the others only read out:
 // the benchmark's path (separate-fp8 on the half grid, flush_whole_head_grid), whose flushing
 // entries' verify blocks wait for the flush grid. fp32 activations, and shared-fp8's full grid.
