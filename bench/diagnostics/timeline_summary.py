@@ -29,11 +29,8 @@ def split_steps(rows, gap_ns=3000):
     """Steps begin where a validate block starts more than gap_ns after the previous one."""
     starts = sorted(r["start"] for r in rows if r["kind"] == VALIDATE)
     bounds = [s for i, s in enumerate(starts) if i == 0 or s - starts[i - 1] > gap_ns]
-    steps = []
-    for i, b in enumerate(bounds[:-1]):  # the last may be cut short by the ring
-        e = bounds[i + 1]
-        steps.append([r for r in rows if b <= r["start"] < e])
-    return steps
+    # The first step may have lost blocks to the ring's overwriting and the last may be cut short.
+    return [[r for r in rows if b <= r["start"] < e] for b, e in zip(bounds[1:-1], bounds[2:])]
 
 
 def step_stats(step):
