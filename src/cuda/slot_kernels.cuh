@@ -8,6 +8,33 @@
 
 namespace replayssm::cuda {
 
+// The chained verify's block order (ReplayParams::verify_order), by the last of an entry's
+// kValidateSplit validating blocks to finish (thread 0, after its own status word): entries whose
+// verify blocks wait for flush_kernel go to the back, every other entry to the front. In entry
+// order the waiting blocks held their SM slots idle through the flush: in the step timeline
+// (H100, session 70, separate-fp8 W = 1) 16 of the 264 verify blocks resident beside the flush at
+// batch 64, 16 rising to 80 at 256, and at W = 8 batch 64 up to 200 of about 500 in the flush's
+// last 20 us. One load of the placed entry then gives a verify block its entry and its verdict
+// (slot -1: the entry does not take part), as entries[b] and the status words did together.
+__device__ __forceinline__ void order_entry(const ReplayParams& p, int b, const SlotCursors& cur,
+                                            int slot) {
+  if (p.verify_order == nullptr) return;
+  __threadfence();  // this block's status word, before its arrival
+  if (atomicAdd(p.validate_arrivals + b, 1) != kValidateSplit - 1) return;
+  __threadfence();             // every other block's status word, past their arrivals
+  p.validate_arrivals[b] = 0;  // all have arrived: for the next step
+  const int4* st = reinterpret_cast<const int4*>(p.status + b * kValidateSplit);
+  const bool ok = EntryStatus{__ldcg(st), __ldcg(st + 1)}.ok();  // from L2, not a stale L1
+  const bool waits = ok && verify_needs_flush(cur, p.tokens, p.L);
+  const int at =
+      waits ? p.batch - 1 - atomicAdd(p.order_counts + 1, 1) : atomicAdd(p.order_counts, 1);
+  p.verify_order[at] = ValidatedEntry{cur, b, ok ? slot : -1};
+  // The last entry placed clears the counts for the next step (every entry took its place before
+  // it counted itself here), so no later launch has to, whatever runs after this grid.
+  if (atomicAdd(p.order_counts + 2, 1) == p.batch - 1)
+    p.order_counts[0] = p.order_counts[1] = p.order_counts[2] = 0;
+}
+
 // Checks a slot before a token operation: open, nothing pending, finite inputs. Grid
 // (B, kValidateSplit): each block scans a share of the entry's x, B, C, dt in 16-byte loads.
 // The input scan needs only b, so its loads are issued first and overlap the slot -> cursors
@@ -29,7 +56,10 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
                                                int64_t(kValidateSplit) * blockDim.x);
   const int slot = p.slots[b];
   if (slot < 0) {
-    if (threadIdx.x == 0) st[part] = 1;  // padding: skipped, not an error
+    if (threadIdx.x == 0) {
+      st[part] = 1;  // padding: skipped, not an error
+      order_entry(p, b, SlotCursors{}, slot);
+    }
     return;
   }
   const SlotCursors cur = p.cursors[slot];
@@ -38,6 +68,7 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
       st[part] = 1;
       if (part == 0)
         raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
+      order_entry(p, b, cur, slot);
     }
     return;
   }
@@ -53,6 +84,7 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;
     if (bad) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+    order_entry(p, b, cur, slot);
   }
 }
 
