@@ -654,9 +654,9 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
 }
 
 // Batch 12 with a padding entry: validate_tokens -> flush_kernel -> verify_kernel, whose blocks
-// take the entries in validate_tokens' order (order_entry: the entries that flush last, the
-// padding and the refused entry marked as not taking part). Entries 0 and 7 must flush in step 1
-// (0 refused), entry 0 in step 2.
+// take the entries in the order validate_tokens placed them (order_place: the entries that flush
+// last; the padding and the refused entry marked as not taking part). Entries 0 and 7 must flush
+// in step 1 (0 refused), entry 0 in step 2.
 TEST(CudaBackend, ChainedStepRefusesOneEntryOfABatch) {
   SKIP_WITHOUT_DEVICE();
   refuse_one_entry_of_a_batch(12, 5, {0, 7});

@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
-  // The entries run in validate_tokens' order (order_entry): those that wait for the flush last,
-  // so that the blocks resident beside the flush have work. Slot -1: the entry does not take part
-  // (padding, a closed or pending slot, a NaN or Inf among its inputs).
+  // The entries run in the order validate_tokens placed them (order_place): those that wait for
+  // the flush last, so that the blocks resident beside the flush have work. Slot -1: the entry
+  // does not take part (padding, a closed or pending slot, a NaN or Inf among its inputs).
   const ValidatedEntry e = p.verify_order[blockIdx.z];
   if (e.slot < 0) return;  // uniform over the block
   const int b = e.b, g = blockIdx.y;
