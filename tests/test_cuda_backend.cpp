@@ -570,15 +570,14 @@ TEST(CudaBackend, SmallBatchStepMixedFlushesMatchCpu) {
                           DType::f32);
 }
 
-// A one-launch decode step of a batch (small_step_kernel) with a NaN in one entry's inputs. Where
-// that entry flushes, none of its blocks folds: it keeps every byte while the other entries step.
-// Where another entry flushes, that fold goes on. Every slot against a CPU cache that decoded the
-// same tokens slot by slot, without the refused entry.
-TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
-  SKIP_WITHOUT_DEVICE();
+// Decode steps of a batch of B entries (entry b on slot b, but entry `padding_at` padding) with a
+// NaN in one entry's inputs. Where that entry flushes, none of its blocks folds: it keeps every
+// byte while the other entries step. Where another entry flushes, that fold goes on. The slots of
+// `full` start with full rings (16 committed entries), the others empty. Every slot against a CPU
+// cache that decoded the same tokens slot by slot, without the refused entry and the padding.
+void refuse_one_entry_of_a_batch(int B, int padding_at, const std::vector<int>& full) {
   const SsmShape shape{128, 32, 128, 8};
-  const int B = 4;
-  std::mt19937_64 rng(31);
+  std::mt19937_64 rng(31 + B);
   const LayerParams params = random_params(shape, rng);
   CacheConfig cfg;
   cfg.mode = Mode::separate_fp8;
@@ -602,17 +601,19 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
     gpu.decode(dview(dslot.ptr, DType::i32, {1}), d.vx(shape, act), d.vB(shape, act),
                d.vC(shape, act), d.vdt(shape), d.vy(shape));
   };
-  // Slot 0's ring full (16 committed entries), the others empty.
-  for (int t = 0; t < cfg.history; ++t) {
-    Tokens tk = random_tokens(shape, act, 1, 1, rng);
-    cpu_decode(0, tk);
-    gpu_decode(0, tk);
-  }
-  std::vector<int32_t> slots{0, 1, 2, 3};
+  for (int slot : full)
+    for (int t = 0; t < cfg.history; ++t) {
+      Tokens tk = random_tokens(shape, act, 1, 1, rng);
+      cpu_decode(slot, tk);
+      gpu_decode(slot, tk);
+    }
+  std::vector<int32_t> slots(static_cast<size_t>(B));
+  std::iota(slots.begin(), slots.end(), 0);
+  if (padding_at >= 0) slots[padding_at] = kPaddingSlot;
   DeviceBytes dslots(slots);
   const TensorView ds = dview(dslots.ptr, DType::i32, {B});
-  // Step 1: NaN in entry 0, the one that must flush. Step 2: NaN in entry 2, entry 0 flushes.
-  // Step 3: no NaN.
+  // Step 1: NaN in entry 0, which must flush. Step 2: NaN in entry 2, entry 0 flushes. Step 3:
+  // no NaN.
   for (int refused : {0, 2, -1}) {
     Tokens tk = random_tokens(shape, act, B, 1, rng);
     Tokens clean = tk;
@@ -628,7 +629,7 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
     }
     const std::vector<float> ygpu = d.y.download<float>(size_t(B) * shape.nheads * shape.headdim);
     for (int b = 0; b < B; ++b) {
-      if (b == refused) continue;
+      if (b == refused || b == padding_at) continue;
       const std::vector<float> ycpu = cpu_decode(b, clean.slice(shape, b, 0));
       const std::vector<float> yb(ygpu.begin() + b * ycpu.size(),
                                   ygpu.begin() + (b + 1) * ycpu.size());
@@ -644,6 +645,21 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
   }
   EXPECT_EQ(gpu.cursors(0).committed, 2);  // flushed in step 2, then two entries
   EXPECT_EQ(gpu.stats().flushes, cpu.stats().flushes);
+}
+
+// Batch 4: one launch of small_step_kernel per step.
+TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
+  SKIP_WITHOUT_DEVICE();
+  refuse_one_entry_of_a_batch(4, -1, {0});
+}
+
+// Batch 12 with a padding entry: validate_tokens -> flush_kernel -> verify_kernel, whose blocks
+// take the entries in the order validate_tokens placed them (order_place: the entries that flush
+// last; the padding and the refused entry marked as not taking part). Entries 0 and 7 must flush
+// in step 1 (0 refused), entry 0 in step 2.
+TEST(CudaBackend, ChainedStepRefusesOneEntryOfABatch) {
+  SKIP_WITHOUT_DEVICE();
+  refuse_one_entry_of_a_batch(12, 5, {0, 7});
 }
 
 // Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of small batches whose entries x

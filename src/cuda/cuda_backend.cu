@@ -271,6 +271,8 @@ class CudaBackend final : public CacheBackend {
     const bool small_window = cuda::verify_small_window(p, sm_count_, config_.mode);
     p.small_window = small_window;
     if (small_window) p.list_flushes = false;
+    // verify_kernel's blocks take their entries in the order validate_tokens gives them.
+    if (!one_launch && !small_window) p.verify_order = verify_order_.get();
     const cuda::LaunchConfig lc = launch_config();
     if (!one_launch)
       cuda::with_act(lc, [&]<typename ActT>() {
@@ -423,11 +425,15 @@ class CudaBackend final : public CacheBackend {
     flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));       // zeroed
     flush_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     verify_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
+    verify_order_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
+    order_words_.reset(device_alloc<uint32_t>(size_t(batch) + 1));  // zeroed
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.arrivals = flush_list_.get() + 1;
     base_.flush_list = flush_entries_.get();
     base_.entries = verify_entries_.get();
+    base_.order_counts = order_words_.get();
+    base_.validate_arrivals = order_words_.get() + 1;
   }
 
   struct Staging {
@@ -509,6 +515,8 @@ class CudaBackend final : public CacheBackend {
   DevicePtr<int32_t> flush_list_;
   DevicePtr<cuda::ValidatedEntry> flush_entries_;
   DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
+  DevicePtr<cuda::ValidatedEntry> verify_order_;    // [batch] the same in verify_kernel's order
+  DevicePtr<uint32_t> order_words_;                 // [1 + batch] order_counts, validate_arrivals
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   cuda::SmemNeed step_need_device_;  // the device's figures a step's plan starts from

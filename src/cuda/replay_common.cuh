@@ -90,7 +90,13 @@ struct ReplayParams {
   // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
   // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
   ValidatedEntry* entries;
-  int heads_per_block;  // verify_kernel: heads of one group per block
+  // [B] the chained verify's entries in the order its blocks run (blockIdx.z), set only where
+  // verify_kernel follows: those whose blocks wait for flush_kernel last (validate_tokens,
+  // order_place and order_arrive); slot -1 where the entry does not take part.
+  ValidatedEntry* verify_order = nullptr;
+  uint32_t* order_counts;       // [1] entries placed at the front | at the back << 16 (0 between)
+  uint32_t* validate_arrivals;  // [B] validate_tokens' arrivals per entry (0 between steps)
+  int heads_per_block;          // verify_kernel: heads of one group per block
   // small_step_kernel, small_verify_kernel: each head's rows split over 2^this blocks
   // (small_step_split_log2, small_verify_shape)
   int step_split_log2 = 0;

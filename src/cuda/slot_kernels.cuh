@@ -8,6 +8,43 @@
 
 namespace replayssm::cuda {
 
+// The chained verify's block order (ReplayParams::verify_order). In entry order the verify blocks
+// of flushing entries, spread through the batch, held their SM slots idle through the flush: in
+// the step timeline (H100, session 70, separate-fp8) 16 of the 264 verify blocks resident beside
+// the W = 1 flush at batch 64, 16 rising to 80 at 256, and at W = 8 batch 64 200 of about 500 in
+// the flush's last 20 us. So validate_tokens places every entry: those whose blocks wait for
+// flush_kernel at the back, the others at the front, and a verify block's one load of its placed
+// entry gives it the entry and the verdict (slot -1: the entry does not take part), as entries[b]
+// and the status words did together. No fence is needed: verify_kernel reads the order only after
+// flush_kernel's wait for this grid.
+//
+// Entry b's first block takes the place as soon as it has the cursors (order_place, overlapping
+// its input scan); each of its kValidateSplit blocks then arrives once on the entry's word
+// (order_arrive), adding 1, 256 if its share of the inputs or the slot is bad, and (first block)
+// the place + 1 << 16; the last to arrive knows the verdict and the place and writes the entry.
+inline constexpr uint32_t kOrderBack = 1u << 16;  // order_counts: front count | back count << 16
+inline constexpr uint32_t kArriveBad = 1u << 8;   // validate_arrivals: count | bad << 8 | place
+
+__device__ __forceinline__ int order_place(const ReplayParams& p, const SlotCursors& cur) {
+  const bool waits = cur.live && cur.pending == 0 && verify_needs_flush(cur, p.tokens, p.L);
+  const uint32_t before = atomicAdd(p.order_counts, waits ? kOrderBack : 1u);
+  const int front = int(before & 0xffffu), back = int(before >> 16);
+  // The last entry placed clears the counts for the next step (every other entry is placed).
+  if (front + back == p.batch - 1) *p.order_counts = 0;
+  return waits ? p.batch - 1 - back : front;
+}
+
+__device__ __forceinline__ void order_arrive(const ReplayParams& p, int b, int part, bool bad,
+                                             int place, const SlotCursors& cur, int slot) {
+  const uint32_t add = 1u | (bad ? kArriveBad : 0u) | (part == 0 ? uint32_t(place + 1) << 16 : 0u);
+  const uint32_t before = atomicAdd(p.validate_arrivals + b, add);
+  if ((before & 0xffu) != uint32_t(kValidateSplit - 1)) return;
+  p.validate_arrivals[b] = 0;  // every block of the entry has arrived: for the next step
+  const uint32_t all = before + add;
+  const bool ok = (all & 0xff00u) == 0;
+  p.verify_order[int(all >> 16) - 1] = ValidatedEntry{cur, b, ok ? slot : -1};
+}
+
 // Checks a slot before a token operation: open, nothing pending, finite inputs. Grid
 // (B, kValidateSplit): each block scans a share of the entry's x, B, C, dt in 16-byte loads.
 // The input scan needs only b, so its loads are issued first and overlap the slot -> cursors
@@ -28,17 +65,21 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
   const bool local = entry_has_nonfinite<ActT>(p, b, int64_t(part) * blockDim.x,
                                                int64_t(kValidateSplit) * blockDim.x);
   const int slot = p.slots[b];
+  const bool ordered = p.verify_order != nullptr && threadIdx.x == 0;
   if (slot < 0) {
     if (threadIdx.x == 0) st[part] = 1;  // padding: skipped, not an error
+    if (ordered) order_arrive(p, b, part, true, part == 0 ? order_place(p, {}) : 0, {}, slot);
     return;
   }
   const SlotCursors cur = p.cursors[slot];
+  const int place = ordered && part == 0 ? order_place(p, cur) : 0;
   if (!cur.live || cur.pending != 0) {
     if (threadIdx.x == 0) {
       st[part] = 1;
       if (part == 0)
         raise_error(p.error, cur.live ? kErrPending : kErrSlotClosed, slot, cur.pending);
     }
+    if (ordered) order_arrive(p, b, part, true, place, cur, slot);
     return;
   }
   // flush_kernel and verify_kernel check the status words (every part's scan) before they use
@@ -53,6 +94,7 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;
     if (bad) raise_error(p.error, kErrNonFiniteInput, slot, 0);
+    if (ordered) order_arrive(p, b, part, bad, place, cur, slot);
   }
 }
 

@@ -78,12 +78,13 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
-  const int b = blockIdx.z, g = blockIdx.y;
+  // The entries run in the order validate_tokens placed them (order_place): those that wait for
+  // the flush last, so that the blocks resident beside the flush have work. Slot -1: the entry
+  // does not take part (padding, a closed or pending slot, a NaN or Inf among its inputs).
+  const ValidatedEntry e = p.verify_order[blockIdx.z];
+  if (e.slot < 0) return;  // uniform over the block
+  const int b = e.b, g = blockIdx.y;
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
-  // Both loads in flight together; the entry is used only when its status words are all 0
-  // (padding, closed or pending slots and bad inputs may leave a stale entry behind).
-  const ValidatedEntry e = p.entries[b];
-  if (!slot_ok(p, b)) return;  // invalid: uniform over the block
   const int slot = e.slot;
   SlotCursors after = e.cursors;  // the cursors of this verify (flushed below where it flushes)
   // validate_tokens completed before any flush block got past its wait, so the status words
