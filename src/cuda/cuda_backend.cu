@@ -424,14 +424,12 @@ class CudaBackend final : public CacheBackend {
     if (flush_list_) RSSM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // not while capturing
     flush_list_.reset(device_alloc<int32_t>(size_t(batch) + 1));       // zeroed
     flush_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
-    verify_entries_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     verify_order_.reset(device_alloc<cuda::ValidatedEntry>(size_t(batch)));
     order_words_.reset(device_alloc<uint32_t>(size_t(batch) + 1));  // zeroed
     flush_list_capacity_ = batch;
     base_.flush_count = flush_list_.get();
     base_.arrivals = flush_list_.get() + 1;
     base_.flush_list = flush_entries_.get();
-    base_.entries = verify_entries_.get();
     base_.order_counts = order_words_.get();
     base_.validate_arrivals = order_words_.get() + 1;
   }
@@ -514,9 +512,8 @@ class CudaBackend final : public CacheBackend {
   // flushing entries [batch]
   DevicePtr<int32_t> flush_list_;
   DevicePtr<cuda::ValidatedEntry> flush_entries_;
-  DevicePtr<cuda::ValidatedEntry> verify_entries_;  // [batch] every validated entry's slot, cursors
-  DevicePtr<cuda::ValidatedEntry> verify_order_;    // [batch] the same in verify_kernel's order
-  DevicePtr<uint32_t> order_words_;                 // [1 + batch] order_counts, validate_arrivals
+  DevicePtr<cuda::ValidatedEntry> verify_order_;  // [batch] every entry, in verify_kernel's order
+  DevicePtr<uint32_t> order_words_;               // [1 + batch] order_counts, validate_arrivals
   int flush_list_capacity_ = 0;
   int sm_count_ = 1;
   cuda::SmemNeed step_need_device_;  // the device's figures a step's plan starts from

@@ -47,13 +47,13 @@ __device__ __forceinline__ void raise_error(DeviceError* err, int32_t code, int3
   atomicAdd(&err->count, 1);
 }
 
-// A batch entry with what validate_tokens read for it: every entry's in ReplayParams::entries
+// A batch entry with what validate_tokens read for it: every entry's in ReplayParams::verify_order
 // (the chained verify), the flushing ones' also in the flush list. A flush item or a verify
 // block then needs one dependent load (this) before its checkpoint and ring loads instead of
 // slots[b] -> cursors[slot].
 struct ValidatedEntry {
   SlotCursors cursors;  // as validated (no kernel between validation and verify changes them)
-  int32_t b;            // batch entry (its status words)
+  int32_t b;            // batch entry (its inputs, outputs and status words)
   int32_t slot;
 };
 
@@ -87,12 +87,11 @@ struct ReplayParams {
   int32_t* flush_count;        // 0 before the validate kernel (cleared after each flush_kernel by
                                // the kernel after it: verify_kernel, flush_finalize_kernel)
   int32_t* arrivals;           // [B] verify blocks of each entry done so far (0 between verifies)
-  // [B] validate_tokens: each validated entry's slot and cursors, so that a chained verify block
-  // finds them in one load instead of the slots[b] -> cursors[slot] chain of two
-  ValidatedEntry* entries;
   // [B] the chained verify's entries in the order its blocks run (blockIdx.z), set only where
   // verify_kernel follows: those whose blocks wait for flush_kernel last (validate_tokens,
-  // order_place and order_arrive); slot -1 where the entry does not take part.
+  // order_place and order_arrive); slot -1 where the entry does not take part. A verify block
+  // finds its entry's slot, cursors and verdict in one load instead of the slots[b] ->
+  // cursors[slot] chain of two and the status words.
   ValidatedEntry* verify_order = nullptr;
   uint32_t* order_counts;       // [1] entries placed at the front | at the back << 16 (0 between)
   uint32_t* validate_arrivals;  // [B] validate_tokens' arrivals per entry (0 between steps)

@@ -14,9 +14,9 @@ namespace replayssm::cuda {
 // the W = 1 flush at batch 64, 16 rising to 80 at 256, and at W = 8 batch 64 200 of about 500 in
 // the flush's last 20 us. So validate_tokens places every entry: those whose blocks wait for
 // flush_kernel at the back, the others at the front, and a verify block's one load of its placed
-// entry gives it the entry and the verdict (slot -1: the entry does not take part), as entries[b]
-// and the status words did together. No fence is needed: verify_kernel reads the order only after
-// flush_kernel's wait for this grid.
+// entry gives it the entry and the verdict (slot -1: the entry does not take part), where before
+// it loaded the entry and the status words. No fence is needed: verify_kernel reads the order only
+// after flush_kernel's wait for this grid.
 //
 // Entry b's first block takes the place as soon as it has the cursors (order_place, overlapping
 // its input scan); each of its kValidateSplit blocks then arrives once on the entry's word
@@ -82,14 +82,10 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
     if (ordered) order_arrive(p, b, part, true, place, cur, slot);
     return;
   }
-  // flush_kernel and verify_kernel check the status words (every part's scan) before they use
-  // the entry.
-  if (part == 0 && threadIdx.x == 0) {
-    const ValidatedEntry entry{cur, b, slot};
-    p.entries[b] = entry;
-    if (p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) && cur.committed > 0)
-      p.flush_list[atomicAdd(p.flush_count, 1)] = entry;
-  }
+  // flush_kernel checks the status words (every part's scan) before it uses the entry.
+  if (part == 0 && threadIdx.x == 0 && p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) &&
+      cur.committed > 0)
+    p.flush_list[atomicAdd(p.flush_count, 1)] = ValidatedEntry{cur, b, slot};
   const int bad = __syncthreads_or(local);
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;

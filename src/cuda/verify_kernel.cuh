@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
   const int slot = e.slot;
   SlotCursors after = e.cursors;  // the cursors of this verify (flushed below where it flushes)
-  // validate_tokens completed before any flush block got past its wait, so the status words
-  // and the entry are in place; the checkpoints of a flushing entry are not until the flush is.
+  // validate_tokens completed before any flush block got past its wait, so the placed entry is
+  // in place; the checkpoints of a flushing entry are not until the flush is.
   if (verify_needs_flush(after, W, L)) wait_for_previous_grid();
   const SlotSections sec = slot_sections(p.geo, slot);
   if (verify_needs_flush(after, W, L)) apply_flush(after, L);  // flush_kernel did it

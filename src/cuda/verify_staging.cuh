@@ -365,15 +365,16 @@ __device__ __forceinline__ void finish_arrived_verify(const ReplayParams& p, int
 
 // The end of a chained verify block that reads the ring until its end (the ring term on the
 // tensor cores, W > 1, and the staged readout): the entry's first block finishes the entry from
-// the entry's copy made by validate_tokens. No block of verify_kernel or flush_kernel reads the
-// slot's cursors, and the next step's validate_tokens waits for this grid to complete, so one
-// block may write them at any point: no arrival counter, barrier, fence or atomic round trip at
-// the end of every block. The copy is loaded again here rather than held from the block's start,
-// whose registers the 64- and 80-register kernels need (held, they spilled 16-40 bytes).
+// the entry's copy placed by validate_tokens (ReplayParams::verify_order, this block's). No block
+// of verify_kernel or flush_kernel reads the slot's cursors, and the next step's validate_tokens
+// waits for this grid to complete, so one block may write them at any point: no arrival counter,
+// barrier, fence or atomic round trip at the end of every block. The copy is loaded again here
+// rather than held from the block's start, whose registers the 64- and 80-register kernels need
+// (held, they spilled 16-40 bytes).
 template <typename ActT>
 __device__ __forceinline__ void finish_chained_verify(const ReplayParams& p, int b, int slot) {
   if ((threadIdx.x | blockIdx.x | blockIdx.y) != 0) return;
-  finish_entry<ActT, false>(p, b, slot, p.entries[b].cursors, WindowAppend::none);
+  finish_entry<ActT, false>(p, b, slot, p.verify_order[blockIdx.z].cursors, WindowAppend::none);
 }
 
 }  // namespace replayssm::cuda
