@@ -653,13 +653,15 @@ TEST(CudaBackend, SmallBatchStepRefusesOneEntryOfABatch) {
   refuse_one_entry_of_a_batch(4, -1, {0});
 }
 
-// Batch 12 with a padding entry: validate_tokens -> flush_kernel -> verify_kernel, whose blocks
-// take the entries in the order validate_tokens placed them (order_place: the entries that flush
-// last; the padding and the refused entry marked as not taking part). Entries 0 and 7 must flush
-// in step 1 (0 refused), entry 0 in step 2.
+// Batches 12 and 72 with a padding entry: validate_tokens -> flush_kernel -> verify_kernel, whose
+// blocks take the entries in entry order at batch 12 and at 72 in the order validate_tokens
+// placed them (verify_order_pays; order_place: the entries that flush last, the padding and the
+// refused entry marked as not taking part). Entries 0 and 7 must flush in step 1 (0 refused),
+// entry 0 in step 2.
 TEST(CudaBackend, ChainedStepRefusesOneEntryOfABatch) {
   SKIP_WITHOUT_DEVICE();
   refuse_one_entry_of_a_batch(12, 5, {0, 7});
+  refuse_one_entry_of_a_batch(72, 5, {0, 7});
 }
 
 // Speculative verifies (W = 2 to 8, mixed with W = 1 steps) of small batches whose entries x

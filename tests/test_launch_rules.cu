@@ -163,6 +163,16 @@ TEST(LaunchRules, StepCarveoutPaysWhereMeasured) {
     }
 }
 
+// The chained verify's placed order is used where it was measured to gain (verify_order_pays):
+// every speculative step, and decode steps of more than 64 entries; decode steps of up to 64
+// keep entry order.
+TEST(LaunchRules, VerifyOrderPaysWhereMeasured) {
+  for (int batch : {1, 2, 16, 63, 64, 65, 128, 256, 512})
+    for (int window = 1; window <= 8; ++window)
+      EXPECT_EQ(verify_order_pays(batch, window), window > 1 || batch > 64)
+          << "batch " << batch << " W " << window;
+}
+
 // Which one-launch kernel a small batch's step takes, and how its heads split.
 TEST(LaunchRules, SmallBatchKernelsOfThePresets) {
   const SsmShape h8b = find_preset("nemotron-h-8b").shape;

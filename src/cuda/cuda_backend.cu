@@ -271,8 +271,12 @@ class CudaBackend final : public CacheBackend {
     const bool small_window = cuda::verify_small_window(p, sm_count_, config_.mode);
     p.small_window = small_window;
     if (small_window) p.list_flushes = false;
-    // verify_kernel's blocks take their entries in the order validate_tokens gives them.
-    if (!one_launch && !small_window) p.verify_order = verify_order_.get();
+    // verify_kernel's blocks take their entries in the order validate_tokens gives them, or in
+    // entry order (verify_order_pays).
+    if (!one_launch && !small_window) {
+      p.verify_order = verify_order_.get();
+      p.verify_in_place = !cuda::verify_order_pays(p.batch, p.tokens);
+    }
     const cuda::LaunchConfig lc = launch_config();
     if (!one_launch)
       cuda::with_act(lc, [&]<typename ActT>() {

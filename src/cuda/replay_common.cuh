@@ -93,6 +93,9 @@ struct ReplayParams {
   // finds its entry's slot, cursors and verdict in one load instead of the slots[b] ->
   // cursors[slot] chain of two and the status words.
   ValidatedEntry* verify_order = nullptr;
+  // verify_order holds each entry at its own index b, without a verdict (verify_kernel reads the
+  // status words): entry order (verify_order_pays)
+  bool verify_in_place = false;
   uint32_t* order_counts;       // [1] entries placed at the front | at the back << 16 (0 between)
   uint32_t* validate_arrivals;  // [B] validate_tokens' arrivals per entry (0 between steps)
   int heads_per_block;          // verify_kernel: heads of one group per block

@@ -251,6 +251,16 @@ inline bool verify_small_window(const ReplayParams& p, int sm_count, Mode mode) 
   return small_verify_shape(p, sm_count, mode).threads > 0;
 }
 
+// Whether a chained verify takes its entries in validate_tokens' order, those that flush last
+// (ReplayParams::verify_order; slot_kernels.cuh, order_place): every step but decode steps of up
+// to 64 entries, which keep entry order. H200, session 70 (separate-fp8, two rounds against entry
+// order): batch 256 -2.7% at W = 1, -0.9 / -1.1% at W = 4, -3.7 / -3.8% at W = 8; batch 64 +1.1 /
+// +1.3% at W = 1 (about 0.5 us: few verify blocks wait there, and the placing's atomics come
+// before the flush), +0.3 / +0.4% at W = 4, -0.5 / -1.0% at W = 8. H100, session 72 (this rule
+// against the order everywhere): batch 64 W = 1 -1.3 / -1.4% separate-fp8, -0.8 / -1.3% shared-fp8,
+// -0.9 / -0.7% separate-nvfp4; batch 256 level.
+inline bool verify_order_pays(int batch, int tokens) { return tokens > 1 || batch > 64; }
+
 // Decode steps (W = 1) on the tensor cores whose verify grid is one wave at 4 blocks per SM
 // (nemotron-h-8b: batch 16 to 64) take VerifyVariant::chained_wide: registers for 4 blocks
 // instead of 6 (H200: batch 64 separate-fp8 61.1 -> 57.2 us). Larger grids run several waves,

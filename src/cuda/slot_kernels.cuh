@@ -16,7 +16,9 @@ namespace replayssm::cuda {
 // flush_kernel at the back, the others at the front, and a verify block's one load of its placed
 // entry gives it the entry and the verdict (slot -1: the entry does not take part), where before
 // it loaded the entry and the status words. No fence is needed: verify_kernel reads the order only
-// after flush_kernel's wait for this grid.
+// after flush_kernel's wait for this grid. Decode steps of up to 64 entries, where few verify
+// blocks wait and the placing's atomics delay the flush, keep entry order (verify_order_pays,
+// ReplayParams::verify_in_place): validate_tokens writes each entry at its own index.
 //
 // Entry b's first block takes the place as soon as it has the cursors (order_place, overlapping
 // its input scan); each of its kValidateSplit blocks then arrives once on the entry's word
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
   const bool local = entry_has_nonfinite<ActT>(p, b, int64_t(part) * blockDim.x,
                                                int64_t(kValidateSplit) * blockDim.x);
   const int slot = p.slots[b];
-  const bool ordered = p.verify_order != nullptr && threadIdx.x == 0;
+  const bool ordered = p.verify_order != nullptr && !p.verify_in_place && threadIdx.x == 0;
   if (slot < 0) {
     if (threadIdx.x == 0) st[part] = 1;  // padding: skipped, not an error
     if (ordered) order_arrive(p, b, part, true, part == 0 ? order_place(p, {}) : 0, {}, slot);
@@ -83,9 +85,12 @@ __global__ void __launch_bounds__(256) validate_tokens_kernel(const ReplayParams
     return;
   }
   // flush_kernel checks the status words (every part's scan) before it uses the entry.
-  if (part == 0 && threadIdx.x == 0 && p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) &&
-      cur.committed > 0)
-    p.flush_list[atomicAdd(p.flush_count, 1)] = ValidatedEntry{cur, b, slot};
+  if (part == 0 && threadIdx.x == 0) {
+    const ValidatedEntry entry{cur, b, slot};
+    if (p.verify_in_place) p.verify_order[b] = entry;
+    if (p.list_flushes && verify_needs_flush(cur, p.tokens, p.L) && cur.committed > 0)
+      p.flush_list[atomicAdd(p.flush_count, 1)] = entry;
+  }
   const int bad = __syncthreads_or(local);
   if (threadIdx.x == 0) {
     st[part] = bad ? 1 : 0;

@@ -78,12 +78,14 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   constexpr int kStages = verify_stages(kW);
   const int H = p.H, P = p.P, N = p.N, G = p.G, L = p.L, W = p.tokens;
   const int chunks = gridDim.x;  // grid (chunks of the group's heads, G, batch)
-  // The entries run in the order validate_tokens placed them (order_place): those that wait for
-  // the flush last, so that the blocks resident beside the flush have work. Slot -1: the entry
-  // does not take part (padding, a closed or pending slot, a NaN or Inf among its inputs).
+  // The entries run in the order validate_tokens placed them (order_place, where
+  // verify_order_pays): those that wait for the flush last, so that the blocks resident beside the
+  // flush have work; slot -1: the entry does not take part (padding, a closed or pending slot, a
+  // NaN or Inf among its inputs). Else in entry order, the entry used only when its status words
+  // are all 0 (those may leave a stale entry behind); both loads in flight together.
   const ValidatedEntry e = p.verify_order[blockIdx.z];
-  if (e.slot < 0) return;  // uniform over the block
-  const int b = e.b, g = blockIdx.y;
+  if (p.verify_in_place ? !slot_ok(p, blockIdx.z) : e.slot < 0) return;  // uniform over the block
+  const int b = p.verify_in_place ? int(blockIdx.z) : e.b, g = blockIdx.y;
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
   const int slot = e.slot;
   SlotCursors after = e.cursors;  // the cursors of this verify (flushed below where it flushes)
