@@ -16,9 +16,10 @@ namespace replayssm::cuda {
 // flush_kernel at the back, the others at the front, and a verify block's one load of its placed
 // entry gives it the entry and the verdict (slot -1: the entry does not take part), where before
 // it loaded the entry and the status words. No fence is needed: verify_kernel reads the order only
-// after flush_kernel's wait for this grid. Decode steps of up to 64 entries, where few verify
-// blocks wait and the placing's atomics delay the flush, keep entry order (verify_order_pays,
-// ReplayParams::verify_in_place): validate_tokens writes each entry at its own index.
+// after flush_kernel's wait for this grid. Decode steps of up to 64 entries keep entry order
+// (verify_order_pays, ReplayParams::verify_in_place: validate_tokens writes each entry at its own
+// index), which measured faster there: few verify blocks wait, and the placing's atomics come
+// before the flush may start (the likely cause, not measured apart).
 //
 // Entry b's first block takes the place as soon as it has the cursors (order_place, overlapping
 // its input scan); each of its kValidateSplit blocks then arrives once on the entry's word
