@@ -82,10 +82,11 @@ __global__ void __launch_bounds__(kVerifyThreads, verify_min_blocks(kMode, kW, k
   // verify_order_pays): those that wait for the flush last, so that the blocks resident beside the
   // flush have work; slot -1: the entry does not take part (padding, a closed or pending slot, a
   // NaN or Inf among its inputs). Else in entry order, the entry used only when its status words
-  // are all 0 (those may leave a stale entry behind); both loads in flight together.
+  // are all 0 (those may leave a stale entry behind; a used one is this step's, e.b = blockIdx.z);
+  // both loads in flight together.
   const ValidatedEntry e = p.verify_order[blockIdx.z];
   if (p.verify_in_place ? !slot_ok(p, blockIdx.z) : e.slot < 0) return;  // uniform over the block
-  const int b = p.verify_in_place ? int(blockIdx.z) : e.b, g = blockIdx.y;
+  const int b = e.b, g = blockIdx.y;
   const int h0 = g * (H / G) + blockIdx.x * p.heads_per_block;
   const int slot = e.slot;
   SlotCursors after = e.cursors;  // the cursors of this verify (flushed below where it flushes)
