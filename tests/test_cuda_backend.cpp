@@ -478,7 +478,9 @@ TEST(CudaBackend, LargeBatchManyHeadsPerBlockMatchesCpu) {
 // every other test's W = 1 flush launches take the chunked form), the slots'
 // phases spread first so that each W = 1 step flushes a few of them while the others only read out:
 // the benchmark's path (separate-fp8 on the half grid, flush_whole_head_grid), whose flushing
-// entries' verify blocks wait for the flush grid. fp32 activations, and shared-fp8's full grid.
+// entries' verify blocks wait for the flush grid; with bf16 activations at 64 rows of dstate 128
+// their items fold on the tensor cores (flush_head_mma). fp32 activations, and shared-fp8's full
+// grid.
 TEST(CudaBackend, WholeHeadFlushDecodeMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   auto spread_then_decode = [](int step, std::mt19937_64& rng) {
@@ -488,6 +490,9 @@ TEST(CudaBackend, WholeHeadFlushDecodeMatchesCpu) {
   check_steps_against_cpu({128, 32, 128, 8}, 48, Mode::separate_fp8, 16, spread_then_decode, true,
                           DType::f32);
   check_steps_against_cpu({128, 32, 128, 8}, 48, Mode::shared_fp8, 16, spread_then_decode, true);
+  // nemotron3-nano-4b's 80-row heads (2 x 3 x 96 = 576 items): 10 tiles of 8 rows over the 4
+  // warps of flush_head_mma where its rule admits them (flush_fold_mma_ok: not yet).
+  check_steps_against_cpu({96, 80, 128, 8}, 48, Mode::separate_fp8, 16, spread_then_decode, true);
 }
 
 // The read checkpoints of 8 and 4 bits, one mode per code layout the readouts decode (e4m3 codes

@@ -255,5 +255,29 @@ TEST(LaunchRules, FlushWholeHeadGrid) {
   EXPECT_EQ(flush_whole_head_grid(Mode::separate_fp8, 1, 1, 128, resident, kSms), 128);
 }
 
+// Which flushes fold on the tensor cores (flush_head_mma): of the presets, the two whose layers
+// the GPU tests cover at the rule's shape (64 rows of dstate 128), in separate-fp8 with bf16
+// activations, the short stochastic rounding (r <= 8) and history 16; no other mode, activation,
+// rounding or history.
+TEST(LaunchRules, FlushFoldMmaWhereTested) {
+  const auto ok = [](const char* preset, Mode mode = Mode::separate_fp8, int act_bytes = 2,
+                     bool act_f16 = false, bool short_sr = true, int history = 16) {
+    const SsmShape s = find_preset(preset).shape;
+    return flush_fold_mma_ok(mode, act_bytes, act_f16, short_sr, s.headdim, s.dstate, history);
+  };
+  EXPECT_TRUE(ok("nemotron-h-8b"));
+  EXPECT_TRUE(ok("mamba2-2.7b"));
+  EXPECT_FALSE(ok("nemotron3-nano-4b"));  // 80 rows: timed, its GPU test not yet run
+  EXPECT_FALSE(ok("falcon-h1-7b"));       // dstate 256
+  EXPECT_FALSE(ok("nemotron-h-56b"));
+  for (const Mode mode : kModes)
+    if (mode != Mode::separate_fp8) EXPECT_FALSE(ok("nemotron-h-8b", mode)) << mode_name(mode);
+  EXPECT_FALSE(ok("nemotron-h-8b", Mode::separate_fp8, 4));                // fp32 activations
+  EXPECT_FALSE(ok("nemotron-h-8b", Mode::separate_fp8, 2, true));          // fp16 activations
+  EXPECT_FALSE(ok("nemotron-h-8b", Mode::separate_fp8, 2, false, false));  // r > 8
+  EXPECT_FALSE(ok("nemotron-h-8b", Mode::separate_fp8, 2, false, true, 32));
+  EXPECT_TRUE(ok("nemotron-h-8b", Mode::separate_fp8, 2, false, true, 8));
+}
+
 }  // namespace
 }  // namespace replayssm::cuda

@@ -2,6 +2,7 @@
 // Part of the replay kernels; replay_kernels.cuh has the overview.
 #pragma once
 
+#include "cuda/flush_mma.cuh"
 #include "cuda/replay_common.cuh"
 
 namespace replayssm::cuda {
@@ -226,7 +227,8 @@ __device__ __forceinline__ void flush_head(const ReplayParams& p, int slot, cons
 // 16): see flush_head.
 // first: the whole-head form's list entry of item blockIdx.x, loaded with the count. The chunked
 // form loads every item's entry itself and ignores it (its caller passes an empty one).
-template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound>
+// kFoldMma: the whole-head items fold on the tensor cores (flush_head_mma; flush_fold_mma_ok).
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound, bool kFoldMma>
 __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, int chunks,
                                             float* smem, const ValidatedEntry& first) {
   const int items = heads * chunks;
@@ -235,16 +237,22 @@ __device__ __forceinline__ void flush_items(const ReplayParams& p, int heads, in
     const int pair = kChunked ? item / chunks : item;  // consecutive blocks: one head's chunks
     const int listed = int(p.by_heads.div(pair));
     if (kChunked || item != int(blockIdx.x)) e = p.flush_list[listed];
-    flush_head<kMode, ActT, flush_rows(kMode, kOneRound), kShortSr, kChunked>(
-        p, e.slot, e.cursors, pair - listed * p.H, smem, e.b, item - pair * chunks, chunks);
+    if constexpr (kFoldMma)
+      flush_head_mma<ActT>(p, e.slot, e.cursors, pair - listed * p.H, smem, e.b);
+    else
+      flush_head<kMode, ActT, flush_rows(kMode, kOneRound), kShortSr, kChunked>(
+          p, e.slot, e.cursors, pair - listed * p.H, smem, e.b, item - pair * chunks, chunks);
     __syncthreads();
   }
 }
 
-template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound = false>
+template <Mode kMode, typename ActT, bool kShortSr, bool kChunked, bool kOneRound = false,
+          bool kFoldMma = false>
 __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRound))
     flush_kernel(const ReplayParams p) {
   static_assert(!(kChunked && kOneRound), "the one-round shape is a whole-head form");
+  static_assert(!kFoldMma || (kMode == Mode::separate_fp8 && kShortSr && !kChunked && !kOneRound),
+                "the tensor-core fold is separate-fp8's whole-head form (flush_fold_mma_ok)");
   wait_for_previous_grid();  // launched dependent on validate_tokens
   extern __shared__ float4 smem_raw[];
   // The whole-head form's first list entry is loaded before the count is known (the list holds
@@ -270,9 +278,9 @@ __global__ void __launch_bounds__(kFlushThreads, flush_min_blocks(kMode, kOneRou
     const int rows_per_group = int(blockDim.x) / p.lanes_per_row * flush_rows(kMode);
     const int groups = (p.P + rows_per_group - 1) / rows_per_group;
     const int chunks = max(1, min(groups, int(gridDim.x) / heads));
-    flush_items<kMode, ActT, kShortSr, true, false>(p, heads, chunks, smem, first);
+    flush_items<kMode, ActT, kShortSr, true, false, false>(p, heads, chunks, smem, first);
   } else {
-    flush_items<kMode, ActT, kShortSr, false, kOneRound>(p, heads, 1, smem, first);
+    flush_items<kMode, ActT, kShortSr, false, kOneRound, kFoldMma>(p, heads, 1, smem, first);
   }
 }
 

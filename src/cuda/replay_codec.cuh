@@ -406,30 +406,38 @@ struct EncodePrep {
   SrChunk draw;  // the chunk's random fields
 };
 
-// The random fields of K rows' chunks [n0, n0 + 8) (`rows`: the rows' indices, h P + p), for
-// callers that know r <= kSrByteMaxBits and N % 16 == 0, K even: the lanes 2m and 2m + 1 of a row
-// then hold its elements [16m, 16m + 16), one draw group, in every one of their K rows. The even
-// lane draws for the first K / 2 rows and the odd lane for the others, and each passes the other
-// its half: K / 2 draws per thread instead of K, for K shuffles. All lanes of the warp call it.
-template <int K>
-__device__ __forceinline__ void paired_row_draws(const int (&rows)[K], int n0, int N,
-                                                 const SrContext& sr, SrChunk (&chunk)[K]) {
-  static_assert(K % 2 == 0, "paired draws split a thread's rows in two halves");
+// The random fields of K chunks of 8 elements (element_of(r): chunk r's first element index,
+// chunk_element), for callers that know r <= kSrByteMaxBits and whose lanes 2m and 2m + 1 hold
+// the two halves of one draw group (16 elements) in every one of their K chunks (`odd`: this lane
+// holds the upper halves). The even lane draws for the first K / 2 chunks and the odd lane for
+// the others, and each passes the other its half: K / 2 draws per thread instead of K, for K
+// shuffles. All lanes of the warp call it.
+template <int K, typename ElementOf>
+__device__ __forceinline__ void paired_draws(bool odd, ElementOf element_of, const SrContext& sr,
+                                             SrChunk (&chunk)[K]) {
+  static_assert(K % 2 == 0, "paired draws split a thread's chunks in two halves");
   constexpr int kHalf = K / 2;
-  const bool odd = (n0 / 8) % 2 != 0;
 #pragma unroll
   for (int r = 0; r < kHalf; ++r) {
-    // Row r (even lane) or r + K/2 (odd lane); the pair's elements e and e + 8 share the draw.
-    const U32x4 d = sr_draw(sr, chunk_element(rows[odd ? r + kHalf : r], n0, N));
+    // Chunk r (even lane) or r + K/2 (odd lane); the pair's elements e and e + 8 share the draw.
+    const U32x4 d = sr_draw(sr, element_of(odd ? r + kHalf : r));
     // Words 0-1 serve the even lane's chunk, 2-3 the odd lane's: keep one half, pass the other.
     const uint32_t keep0 = odd ? d.v[2] : d.v[0], keep1 = odd ? d.v[3] : d.v[1];
     const uint32_t give0 = odd ? d.v[0] : d.v[2], give1 = odd ? d.v[1] : d.v[3];
     const uint32_t got0 = __shfl_xor_sync(0xffffffffu, give0, 1);
     const uint32_t got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-    // The partner drew row r + K/2 (for the even lane) or r (for the odd one).
+    // The partner drew chunk r + K/2 (for the even lane) or r (for the odd one).
     chunk[r] = sr_chunk_from_bytes(odd ? got0 : keep0, odd ? got1 : keep1);
     chunk[r + kHalf] = sr_chunk_from_bytes(odd ? keep0 : got0, odd ? keep1 : got1);
   }
+}
+// The same for K rows' chunks [n0, n0 + 8) (`rows`: the rows' indices, h P + p), where N % 16 == 0
+// puts the lanes 2m and 2m + 1 of a row on its elements [16m, 16m + 16).
+template <int K>
+__device__ __forceinline__ void paired_row_draws(const int (&rows)[K], int n0, int N,
+                                                 const SrContext& sr, SrChunk (&chunk)[K]) {
+  paired_draws<K>((n0 / 8) % 2 != 0, [&](int r) { return chunk_element(rows[r], n0, N); }, sr,
+                  chunk);
 }
 
 // EncodePrep of K rows, chunk [n0, n0 + 8) of each; `rows`: the rows' indices (h P + p);

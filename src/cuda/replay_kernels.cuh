@@ -22,6 +22,7 @@
 // The kernels live in one header per idea, included here in dependency order:
 //   replay_common.cuh      parameters, errors, validation, shared-memory layouts, staging, fold
 //   flush_kernel.cuh       flush_head and flush_kernel
+//   flush_mma.cuh          flush_head_mma: separate-fp8's fold on the tensor cores, in registers
 //   verify_staging.cuh     the verify's checkpoint stages, cp.async, ring appends, finish_verify
 //   small_step_kernel.cuh  the decode step of a small batch in one launch
 //   small_verify_kernel.cuh  the speculative verify of a small batch, after validate_tokens

@@ -83,6 +83,14 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
     if constexpr (has_one_round_flush(kMode)) {
       if (one_round) return run(flush_kernel<kMode, ActT, kSr, false, true>);
     }
+    if constexpr (kMode == Mode::separate_fp8 && sizeof(ActT) == 2) {
+      if (!chunked && flush_fold_mma_ok(kMode, 2, p.act_f16, short_sr, p.P, p.N, p.L)) {
+        const auto kernel = flush_kernel<kMode, ActT, true, false, false, true>;
+        const size_t smem = flush_fold_mma_smem(p.L, p.N, p.P);
+        allow_dynamic_smem(kernel, smem);
+        return launch(lc, kernel, grid, kFlushThreads, smem, p);
+      }
+    }
     if (short_sr && chunked)
       run(flush_kernel<kMode, ActT, kSr, true>);
     else if (short_sr)
@@ -253,6 +261,10 @@ void ModeLaunchers<kMode>::prepare(const LaunchConfig& lc, int L, int N, int P, 
       load_kernel(flush_kernel<kMode, ActT, true, false>, lc.smem_fold);
       load_kernel(flush_kernel<kMode, ActT, true, true>, lc.smem_fold);
     }
+    if constexpr (kMode == Mode::separate_fp8 && sizeof(ActT) == 2)
+      if (flush_fold_mma_ok(kMode, 2, false, true, P, N, L))
+        load_kernel(flush_kernel<kMode, ActT, true, false, false, true>,
+                    flush_fold_mma_smem(L, N, P));
     if constexpr (has_one_round_flush(kMode)) {
       load_kernel(flush_kernel<kMode, ActT, true, false, true>, lc.smem_fold);
       size_flush_grid(lc, flush_kernel<kMode, ActT, true, false, true>, 1);
