@@ -76,29 +76,28 @@ void ModeLaunchers<kMode>::flush(const ReplayParams& p, const LaunchConfig& lc) 
     const int grid =
         chunked ? resident
                 : flush_whole_head_grid(kMode, p.batch, p.tokens, p.H, resident, lc.sm_count);
-    auto run = [&](auto kernel) {
-      allow_dynamic_smem(kernel, lc.smem_fold);
-      launch(lc, kernel, grid, kFlushThreads, lc.smem_fold, p);
+    auto run = [&](auto kernel, size_t smem) {
+      allow_dynamic_smem(kernel, smem);
+      launch(lc, kernel, grid, kFlushThreads, smem, p);
     };
     if constexpr (has_one_round_flush(kMode)) {
-      if (one_round) return run(flush_kernel<kMode, ActT, kSr, false, true>);
+      if (one_round) return run(flush_kernel<kMode, ActT, kSr, false, true>, lc.smem_fold);
     }
+    // separate-fp8's whole-head items with bf16 activations fold on the tensor cores where
+    // flush_fold_mma_ok admits the shape (the fp16 x of p.act_f16 is not exact in bf16).
     if constexpr (kMode == Mode::separate_fp8 && sizeof(ActT) == 2) {
-      if (!chunked && flush_fold_mma_ok(kMode, 2, p.act_f16, short_sr, p.P, p.N, p.L)) {
-        const auto kernel = flush_kernel<kMode, ActT, true, false, false, true>;
-        const size_t smem = flush_fold_mma_smem(p.L, p.N, p.P);
-        allow_dynamic_smem(kernel, smem);
-        return launch(lc, kernel, grid, kFlushThreads, smem, p);
-      }
+      if (!chunked && flush_fold_mma_ok(kMode, 2, p.act_f16, short_sr, p.P, p.N, p.L))
+        return run(flush_kernel<kMode, ActT, true, false, false, true>,
+                   flush_fold_mma_smem(p.L, p.N, p.P));
     }
     if (short_sr && chunked)
-      run(flush_kernel<kMode, ActT, kSr, true>);
+      run(flush_kernel<kMode, ActT, kSr, true>, lc.smem_fold);
     else if (short_sr)
-      run(flush_kernel<kMode, ActT, kSr, false>);
+      run(flush_kernel<kMode, ActT, kSr, false>, lc.smem_fold);
     else if (chunked)
-      run(flush_kernel<kMode, ActT, false, true>);
+      run(flush_kernel<kMode, ActT, false, true>, lc.smem_fold);
     else
-      run(flush_kernel<kMode, ActT, false, false>);
+      run(flush_kernel<kMode, ActT, false, false>, lc.smem_fold);
   });
 }
 
