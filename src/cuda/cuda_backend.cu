@@ -160,7 +160,14 @@ class CudaBackend final : public CacheBackend {
     // small_step_kernel copies its head's ring x.
     const size_t smem_step = cuda::RingXStage::end(config.history, shape.headdim,
                                                    int(dtype_size(config.activation_dtype)));
-    const size_t smem = std::max({smem_fold_, smem_verify_, smem_step});
+    // The tensor-core fold of the flush (flush_head_mma) stages its B fragments beside the fold's.
+    const bool fold_mma = cuda::flush_fold_mma_ok(
+        config.mode, int(dtype_size(config.activation_dtype)),
+        config.activation_dtype == DType::f16, config.sr_bits <= kSrByteMaxBits && N % 16 == 0,
+        shape.headdim, N, config.history);
+    const size_t smem_fold_mma =
+        fold_mma ? cuda::flush_fold_mma_smem(config.history, N, shape.headdim) : 0;
+    const size_t smem = std::max({smem_fold_, smem_fold_mma, smem_verify_, smem_step});
     check(smem <= size_t(smem_limit), "cuda backend: history ", config.history, ", dstate ", N,
           ", headdim ", shape.headdim, " and ", shape.nheads, " heads need ", smem,
           " bytes of shared memory per block; this device allows ", smem_limit);

@@ -14,6 +14,7 @@ namespace replayssm::cuda {
 // and encoded. The verify kernel that follows reads the new read checkpoint like any other; a
 // one-launch step (small_step_kernel, small batches) runs flush_head for its block's head itself.
 inline constexpr int kFlushThreads = 128;
+static_assert(kFoldMmaWarps * 32 == kFlushThreads, "flush_head_mma strides its tiles by the warps");
 // Rows per thread and pass in the flush, and the blocks per SM its registers aim at. The separate
 // modes (two encoders, the SR's Philox) fit 2 rows in 80 registers without spills, so 6 blocks
 // stay resident; with 4 rows they needed 96 registers plus 200 bytes of spills at 5 blocks. The
